@@ -1,0 +1,14 @@
+"""Process defaults applied before Prefect or MLflow are imported."""
+import os
+
+
+def apply_defaults() -> None:
+    home = os.path.abspath(os.environ.setdefault("POSTTRAIN_HOME", ".posttrain"))
+    os.environ.setdefault("PREFECT_HOME", os.path.join(home, "prefect"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")

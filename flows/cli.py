@@ -1,0 +1,251 @@
+"""``posttrain``: the command line. Every command prints one clear line on error and exits non-zero."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import flows  # noqa: F401  (applies environment defaults before Prefect loads)
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(help="posttrain: LLM post-training pipeline (MiniMax-01/M1 recipe) on Prefect, DuckDB and MLflow.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+table_app = typer.Typer(help="Inspect warehouse tables.", no_args_is_help=True)
+profile_app = typer.Typer(help="Inspect profiles.", no_args_is_help=True)
+app.add_typer(table_app, name="table")
+app.add_typer(profile_app, name="profile")
+console = Console()
+err_console = Console(stderr=True)
+
+ProfileOpt = typer.Option("tiny", "--profile", "-p", help="profile name or directory")
+HomeOpt = typer.Option(None, "--home", help="data directory (default $POSTTRAIN_HOME or ./.posttrain)")
+
+
+def _wh(home: Optional[str]):
+    from warehouse import Warehouse
+    return Warehouse(home)
+
+
+def _print_frame(df, title: str | None = None, max_rows: int = 50) -> None:
+    t = Table(title=title, show_lines=False)
+    for c in df.columns:
+        t.add_column(c, overflow="fold", max_width=60)
+    for row in df.head(max_rows).iter_rows():
+        t.add_row(*["" if v is None else str(v)[:300] for v in row])
+    console.print(t)
+    if df.height > max_rows:
+        console.print(f"... {df.height - max_rows} more rows")
+
+
+def _stage_progress():
+    """A rich progress display fed by the flows' stage hooks."""
+    from flows.common import set_progress_hook
+    progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
+                        TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console,
+                        transient=False)
+    state: dict = {}
+
+    def hook(stage: str, event: str) -> None:
+        if event == "start":
+            state[stage] = progress.add_task(stage, total=1)
+        elif event == "done" and stage in state:
+            progress.update(state[stage], completed=1)
+
+    set_progress_hook(hook)
+    return progress
+
+
+@app.command()
+def ingest(
+    paths: list[Path] = typer.Argument(None, help="JSONL / JSON / CSV / Parquet files or directories"),
+    source: Optional[str] = typer.Option(None, "--source", "-s", help="source name stored with each row"),
+    domain: Optional[str] = typer.Option(None, "--domain", "-d", help="math | logic | code | general | ..."),
+    kind: str = typer.Option("prompts", "--kind", help="prompts or benchmarks"),
+    bundled: bool = typer.Option(False, "--bundled", help="also ingest the bundled offline sources"),
+    field: list[str] = typer.Option([], "--field", help="map a field: prompt=question (repeatable)"),
+    profile: str = ProfileOpt, home: Optional[str] = HomeOpt,
+):
+    """Load files (and/or the bundled sources) into `prompts` / `benchmarks`; bad rows go to `quarantine`."""
+    from flows.ingest import ingest_flow
+    mapping = {}
+    for f in field:
+        k, sep, v = f.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"--field {f!r}: expected NAME=COLUMN")
+        mapping[k] = v
+    if not paths and not bundled:
+        raise typer.BadParameter("give PATH(s) or --bundled")
+    with console.status("ingesting..."):
+        res = ingest_flow(paths=[str(p) for p in paths or []], source=source, kind=kind, domain=domain,
+                          bundled=bundled, mapping=mapping or None, profile=profile, home=home)
+    console.print(f"[bold]rows in[/] {res['rows_in']}  [green]stored[/] {res['stored']}  "
+                  f"already present {res['already_present']}  [red]quarantined[/] {res['quarantined']} "
+                  f"{res['quarantine_reasons'] or ''}")
+    console.print(f"MLflow run {res['mlflow_run_id']}")
+
+
+@table_app.command("list")
+def table_list(home: Optional[str] = HomeOpt):
+    """Tables with their latest snapshot and row counts."""
+    df = _wh(home).tables()
+    if df.height == 0:
+        console.print("no tables yet: run `posttrain ingest --bundled` or `posttrain run`")
+        return
+    _print_frame(df.select("name", "rows", "snapshot", "snapshots", "created"), title="tables")
+
+
+@table_app.command("show")
+def table_show(name: str, snapshot: Optional[str] = typer.Option(None, "--snapshot"),
+               limit: int = typer.Option(10, "--limit", "-n"), home: Optional[str] = HomeOpt):
+    """First rows of a table."""
+    df = _wh(home).read(name, snapshot)
+    _print_frame(df.head(limit), title=f"{name} ({df.height} rows)")
+
+
+@table_app.command("history")
+def table_history(name: str, home: Optional[str] = HomeOpt):
+    """Every snapshot of a table, newest first."""
+    _print_frame(_wh(home).history(name).drop("content_hash"), title=f"{name} history")
+
+
+@table_app.command("lineage")
+def table_lineage(name: str, snapshot: Optional[str] = typer.Option(None, "--snapshot"), home: Optional[str] = HomeOpt):
+    """The snapshots a table snapshot was built from, transitively."""
+    edges = _wh(home).lineage(name, snapshot)
+    if not edges:
+        console.print(f"{name}: no parents recorded")
+    for e in edges:
+        console.print(f"{e['child']}  <-  {e['parent']}")
+
+
+@table_app.command("export")
+def table_export(name: str, out: Path, snapshot: Optional[str] = typer.Option(None, "--snapshot"),
+                 home: Optional[str] = HomeOpt):
+    """Write a table to .parquet, .csv, .jsonl or .json (by extension)."""
+    df = _wh(home).read(name, snapshot)
+    suffix = out.suffix.lower()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".parquet":
+        df.write_parquet(out)
+    elif suffix == ".csv":
+        df.write_csv(out)
+    elif suffix == ".jsonl":
+        df.write_ndjson(out)
+    elif suffix == ".json":
+        df.write_json(out)
+    else:
+        raise typer.BadParameter(f"{out}: unsupported extension {suffix!r} (parquet, csv, jsonl, json)")
+    console.print(f"wrote {df.height} rows of {name} to {out}")
+
+
+@app.command()
+def sql(query: str, home: Optional[str] = HomeOpt, fmt: str = typer.Option("table", "--format", help="table | csv | json")):
+    """Run SQL over the latest snapshot of every table (plus `catalog`)."""
+    df = _wh(home).sql(query)
+    if fmt == "csv":
+        sys.stdout.write(df.write_csv())
+    elif fmt == "json":
+        sys.stdout.write(json.dumps(df.to_dicts(), default=str) + "\n")
+    else:
+        _print_frame(df)
+
+
+@app.command()
+def run(profile: str = ProfileOpt, stage: list[str] = typer.Option([], "--stage", help="run only these stages"),
+        home: Optional[str] = HomeOpt):
+    """Run the full pipeline (or chosen stages) and print a summary."""
+    from flows.pipeline import pipeline_flow
+    t0 = time.time()
+    with _stage_progress():
+        res = pipeline_flow(profile=profile, stages=stage or None, home=home)
+    _print_summary(res, time.time() - t0, home)
+
+
+def _print_summary(res: dict, elapsed: float, home: Optional[str]) -> None:
+    from warehouse import Warehouse
+    wh = Warehouse(home)
+    console.rule("[bold]posttrain run summary")
+    _print_frame(wh.tables().select("name", "rows", "snapshot"), title="warehouse tables")
+    for stage, out in res.items():
+        if isinstance(out, dict) and "mlflow_run_id" in out:
+            console.print(f"  {stage:<12} MLflow run {out['mlflow_run_id']}")
+    console.print(f"pipeline MLflow run: {res.get('mlflow_run_id')}   wall time {elapsed:.0f}s")
+    console.print(f"data: {wh.home}   open the UIs with `posttrain ui` (or `make ui`)")
+
+
+@app.command()
+def ui(home: Optional[str] = HomeOpt, prefect_port: int = typer.Option(4200, "--prefect-port"),
+       mlflow_port: int = typer.Option(5000, "--mlflow-port"),
+       duration: float = typer.Option(0, "--duration", help="stop after N seconds (0: until Ctrl-C)")):
+    """Start the Prefect server and the MLflow UI on 127.0.0.1 and print both URLs."""
+    from flows.services import running, start_mlflow_ui, start_prefect_server
+    services = (start_prefect_server(prefect_port, home), start_mlflow_ui(mlflow_port, home))
+    with console.status("starting Prefect and MLflow..."):
+        ctx = running(*services)
+        ctx.__enter__()
+    try:
+        console.print(f"Prefect UI: {services[0].url}")
+        console.print(f"MLflow UI:  {services[1].url}")
+        console.print("press Ctrl-C to stop" if not duration else f"stopping in {duration:.0f}s")
+        deadline = time.time() + duration if duration else None
+        while deadline is None or time.time() < deadline:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ctx.__exit__(None, None, None)
+
+
+@profile_app.command("show")
+def profile_show(name: str = typer.Argument("tiny")):
+    """The merged settings of a profile (files plus environment overrides)."""
+    from data_specs.profile import load_profile
+    prof = load_profile(name)
+    console.print_json(json.dumps({"profile": prof.name, "path": str(prof.path), "sections": prof.as_dict()}))
+
+
+@profile_app.command("list")
+def profile_list():
+    """Available profiles."""
+    from data_specs.profile import available_profiles
+    for p in available_profiles():
+        console.print(p)
+
+
+@app.command()
+def gc(home: Optional[str] = HomeOpt, older_than: float = typer.Option(3600, help="seconds")):
+    """Remove snapshot directories left by crashed writers."""
+    removed = _wh(home).gc(older_than)
+    console.print(f"removed {len(removed)} orphaned snapshot director{'y' if len(removed) == 1 else 'ies'}")
+
+
+def main() -> None:
+    """Entry point: errors become one line on stderr and a non-zero exit."""
+    # click's UsageError as vendored by this typer (bad arguments: exit 2)
+    usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+    try:
+        app(standalone_mode=False)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except usage_error as e:
+        err_console.print(f"error: {e.format_message()}", highlight=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as e:  # one clear line, not a traceback
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        err_console.print(f"error: {type(e).__name__}: {msg}", highlight=False, soft_wrap=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""What every flow does first: load the profile, open the warehouse, start its MLflow run."""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from prefect import get_run_logger
+
+from data_specs.profile import Profile, load_profile
+from tasks import tracking
+from warehouse import TableRef, Warehouse
+
+
+@dataclass
+class FlowContext:
+    profile: Profile
+    wh: Warehouse
+    run_id: str
+
+    def log_outputs(self, refs: dict[str, TableRef] | list[TableRef]) -> dict[str, str]:
+        items = refs.values() if isinstance(refs, dict) else refs
+        for ref in items:
+            tracking.log_table(ref, context="output", run_id=self.run_id)
+        return {r.name: str(r) for r in items}
+
+
+@contextmanager
+def flow_context(stage: str, profile: str, home: str | None = None,
+                 params: dict[str, Any] | None = None, sections: tuple[str, ...] = ()) -> Iterator[FlowContext]:
+    prof = load_profile(profile)
+    wh = Warehouse(home)
+    tags = {"posttrain.profile": prof.name, "posttrain.config_hash": prof.config_hash(*sections)}
+    run_params = {"profile": prof.name, **(params or {})}
+    for s in sections:
+        run_params[s] = prof.raw(s)
+    # nested stages stay in the parent's store; a top-level run: profile, then environment, then home
+    uri = None if tracking.current_run_id() else (
+        prof.core.tracking_uri or os.environ.get(tracking.TRACKING_URI_ENV) or tracking.default_tracking_uri(wh.home))
+    with tracking.tracked_run(stage, params=run_params, tags=tags, experiment=prof.core.experiment,
+                              tracking_uri=uri) as run_id:
+        yield FlowContext(prof, wh, run_id)
+
+
+def flow_logger():
+    try:
+        return get_run_logger()
+    except Exception:  # called outside a flow or task run
+        import logging
+        return logging.getLogger("posttrain")
+
+
+# The CLI installs a reporter to show stage progress; flows call it at stage boundaries.
+_progress_hook: Callable[[str, str], None] | None = None
+
+
+def set_progress_hook(hook: Callable[[str, str], None] | None) -> None:
+    global _progress_hook
+    _progress_hook = hook
+
+
+def report_progress(stage: str, event: str) -> None:
+    if _progress_hook is not None:
+        _progress_hook(stage, event)

@@ -1,0 +1,119 @@
+"""Local services started by the CLI: the Prefect server and the MLflow UI on 127.0.0.1.
+
+Each is a child process in its own process group, stopped by pid (SIGINT, then SIGTERM,
+then SIGKILL) when the caller is done.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+from warehouse import posttrain_home
+
+
+def free_port(preferred: int | None = None) -> int:
+    if preferred:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", preferred)) != 0:
+                return preferred
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Service:
+    name: str
+    url: str
+    health_url: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    def wait_healthy(self, timeout_s: float = 90.0) -> None:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}; log tail:\n{tail}")
+            try:
+                if httpx.get(self.health_url, timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.name} not healthy at {self.health_url} after {timeout_s:.0f}s (log: {self.log_path})")
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        if self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def _bin(name: str) -> str:
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+def _start(name: str, cmd: list[str], env: dict[str, str], log_dir: Path) -> tuple[subprocess.Popen, Path]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    fh = open(log_path, "ab")
+    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    fh.close()
+    return proc, log_path
+
+
+def start_prefect_server(port: int = 4200, home: str | None = None) -> Service:
+    home_path = posttrain_home(home)
+    port = free_port(port)
+    env = {**os.environ, "PREFECT_HOME": os.environ.get("PREFECT_HOME", str(home_path / "prefect")),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    proc, log = _start("prefect-server", [_bin("prefect"), "server", "start", "--host", "127.0.0.1",
+                                          "--port", str(port)], env, home_path / "logs")
+    url = f"http://127.0.0.1:{port}"
+    return Service("prefect", url, f"{url}/api/health", proc, log)
+
+
+def start_mlflow_ui(port: int = 5000, home: str | None = None, tracking_uri: str | None = None) -> Service:
+    home_path = posttrain_home(home)
+    port = free_port(port)
+    store = tracking_uri or f"sqlite:///{home_path / 'mlflow.db'}"
+    artifacts = home_path / "artifacts" / "mlflow"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    cmd = [_bin("mlflow"), "server", "--backend-store-uri", store, "--default-artifact-root", artifacts.as_uri(),
+           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    proc, log = _start("mlflow-ui", cmd, env, home_path / "logs")
+    url = f"http://127.0.0.1:{port}"
+    return Service("mlflow", url, f"{url}/health", proc, log)
+
+
+@contextmanager
+def running(*services: Service) -> Iterator[tuple[Service, ...]]:
+    try:
+        for s in services:
+            s.wait_healthy()
+        yield services
+    finally:
+        for s in services:
+            s.stop()

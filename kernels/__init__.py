@@ -1,0 +1,19 @@
+"""Kernels: lightning attention and the fused FP32 LM-head log-prob, each with a plain-torch
+reference beside it. Imports nothing of ours; Triton modules load lazily via ``dispatch``."""
+
+from .dispatch import lightning_attn, select_backend, token_logprobs
+from .lightning_chunk import lightning_attn_chunk
+from .lightning_naive import lightning_attn_naive, lightning_attn_recurrent
+from .logprob_fused import token_logprobs_fused
+from .logprob_naive import token_logprobs_naive
+
+__all__ = [
+    "lightning_attn",
+    "lightning_attn_chunk",
+    "lightning_attn_naive",
+    "lightning_attn_recurrent",
+    "select_backend",
+    "token_logprobs",
+    "token_logprobs_fused",
+    "token_logprobs_naive",
+]

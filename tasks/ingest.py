@@ -1,0 +1,419 @@
+"""Ingest: files and bundled offline sources into ``prompts`` and ``benchmarks``.
+
+Every input row ends in exactly one place: stored (new), already present (the same
+content was ingested before), or ``quarantine`` with file, line, field and reason.
+Bad rows never stop a run.
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import io
+import json
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import polars as pl
+from pydantic import BaseModel, ConfigDict
+
+from data_specs import get_spec, validate_name
+from data_specs.core import DOMAINS, MAX_TEXT_CHARS
+from warehouse import TableRef, Warehouse
+
+SUPPORTED_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".csv", ".parquet")
+MAX_LINE_BYTES = 4 * MAX_TEXT_CHARS
+BUNDLED_SOURCES = ("mmath", "humaneval", "champ", "reasoning_gym")
+
+# Accepted spellings of each field in user files, first match wins.
+FIELD_ALIASES: dict[str, tuple[str, ...]] = {
+    "prompt": ("prompt", "question", "problem", "text", "input", "instruction"),
+    "answer": ("answer", "final_answer", "gold", "target", "output"),
+    "solution": ("solution", "rationale", "explanation", "canonical_solution"),
+    "tests": ("tests", "test", "test_cases"),
+    "domain": ("domain",),
+    "item_id": ("item_id", "id", "task_id", "uid"),
+    "entry_point": ("entry_point",),
+}
+
+
+class IngestConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    bundled: list[str] = list(BUNDLED_SOURCES)
+    reasoning_gym_tasks: list[str] = ["basic_arithmetic", "chain_sum", "leg_counting"]
+    reasoning_gym_per_task: int = 20
+    max_field_chars: int = MAX_TEXT_CHARS
+
+
+@dataclass
+class RawRecord:
+    file: str
+    line: int | None
+    data: dict | None = None
+    raw: str = ""
+    field: str | None = None
+    reason: str | None = None
+
+
+@dataclass
+class IngestReport:
+    source: str
+    rows_in: int = 0
+    stored: dict[str, int] = field(default_factory=dict)        # table -> new rows
+    already_present: int = 0
+    quarantined: int = 0
+    quarantine_reasons: dict[str, int] = field(default_factory=dict)
+    refs: dict[str, TableRef] = field(default_factory=dict)
+
+    @property
+    def accounted(self) -> bool:
+        return self.rows_in == sum(self.stored.values()) + self.already_present + self.quarantined
+
+    def merge(self, other: "IngestReport") -> "IngestReport":
+        self.rows_in += other.rows_in
+        self.already_present += other.already_present
+        self.quarantined += other.quarantined
+        for k, v in other.stored.items():
+            self.stored[k] = self.stored.get(k, 0) + v
+        for k, v in other.quarantine_reasons.items():
+            self.quarantine_reasons[k] = self.quarantine_reasons.get(k, 0) + v
+        self.refs.update(other.refs)
+        return self
+
+    def as_counters(self) -> dict[str, float]:
+        out = {"rows_in": self.rows_in, "already_present": self.already_present, "quarantined": self.quarantined}
+        out.update({f"stored_{k}": v for k, v in self.stored.items()})
+        return out
+
+
+# -- identity ---------------------------------------------------------------------------
+def normalize_text(text: str) -> str:
+    return " ".join(unicodedata.normalize("NFKC", text).split())
+
+
+def stable_id(*parts: str | None) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update((p or "").encode("utf-8"))
+        h.update(b"\x1f")
+    return h.hexdigest()[:20]
+
+
+def content_hash(prompt: str, answer: str | None) -> str:
+    return hashlib.sha256(f"{normalize_text(prompt)}\x1f{normalize_text(answer or '')}".encode()).hexdigest()
+
+
+# -- readers: each yields one RawRecord per input row, good or bad ----------------------
+def _suffix(path: Path) -> str:
+    name = path.name.lower()
+    for s in SUPPORTED_SUFFIXES:
+        if name.endswith(s):
+            return s
+    return path.suffix.lower()
+
+
+def _decode(raw: bytes, file: str, line: int) -> tuple[str | None, RawRecord | None]:
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError as e:
+        return None, RawRecord(file, line, raw=raw[:2000].decode("utf-8", "replace"),
+                               reason=f"invalid_utf8: byte {e.start}")
+
+
+def _read_jsonl(path: Path, opener) -> Iterator[RawRecord]:
+    file = str(path)
+    with opener(path, "rb") as fh:
+        for i, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            if len(raw) > MAX_LINE_BYTES:
+                yield RawRecord(file, i, raw=raw[:2000].decode("utf-8", "replace"),
+                                reason=f"oversized_line: {len(raw)} bytes > {MAX_LINE_BYTES}")
+                continue
+            text, bad = _decode(raw.rstrip(b"\r\n"), file, i)
+            if bad:
+                yield bad
+                continue
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as e:
+                yield RawRecord(file, i, raw=text[:2000], reason=f"malformed_json: {e.msg} at column {e.colno}")
+                continue
+            if not isinstance(data, dict):
+                yield RawRecord(file, i, raw=text[:2000], reason=f"not_an_object: got {type(data).__name__}")
+                continue
+            yield RawRecord(file, i, data=data, raw=text[:2000])
+
+
+def _read_json_array(path: Path) -> Iterator[RawRecord]:
+    file = str(path)
+    raw = path.read_bytes()
+    text, bad = _decode(raw, file, 1)
+    if bad:
+        yield bad
+        return
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        # not one JSON document: treat as JSON lines
+        if e.msg == "Extra data":
+            yield from _read_jsonl(path, open)
+        else:
+            yield RawRecord(file, e.lineno, raw=text[:2000], reason=f"malformed_json: {e.msg} at column {e.colno}")
+        return
+    items = data if isinstance(data, list) else [data]
+    for i, item in enumerate(items, start=1):
+        if isinstance(item, dict):
+            yield RawRecord(file, i, data=item, raw=json.dumps(item)[:2000])
+        else:
+            yield RawRecord(file, i, raw=json.dumps(item)[:2000], reason=f"not_an_object: got {type(item).__name__}")
+
+
+def _read_csv(path: Path) -> Iterator[RawRecord]:
+    file = str(path)
+    raw = path.read_bytes()
+    lines = raw.splitlines(keepends=True)
+    if not lines:
+        return
+    header_text, bad = _decode(lines[0], file, 1)
+    if bad:
+        yield bad
+        return
+    header = next(csv.reader([header_text]))
+    for i, raw_line in enumerate(lines[1:], start=2):
+        if not raw_line.strip():
+            continue
+        text, bad = _decode(raw_line, file, i)
+        if bad:
+            yield bad
+            continue
+        try:
+            values = next(csv.reader(io.StringIO(text), strict=True))
+        except csv.Error as e:
+            yield RawRecord(file, i, raw=text[:2000], reason=f"malformed_csv: {e}")
+            continue
+        if len(values) != len(header):
+            yield RawRecord(file, i, raw=text[:2000],
+                            reason=f"malformed_csv: {len(values)} fields, header has {len(header)}")
+            continue
+        yield RawRecord(file, i, data=dict(zip(header, values)), raw=text[:2000])
+
+
+def _read_parquet(path: Path) -> Iterator[RawRecord]:
+    file = str(path)
+    try:
+        df = pl.read_parquet(path)
+    except Exception as e:  # a corrupt file is one bad input, not a crash
+        yield RawRecord(file, None, reason=f"unreadable_parquet: {type(e).__name__}: {e}"[:500])
+        return
+    for i, row in enumerate(df.iter_rows(named=True), start=1):
+        yield RawRecord(file, i, data=row, raw=json.dumps(row, default=str)[:2000])
+
+
+def read_records(path: str | Path) -> Iterator[RawRecord]:
+    """Every row of a JSONL / JSON / CSV / Parquet file as a RawRecord (bad rows flagged)."""
+    path = Path(path)
+    suffix = _suffix(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    if path.stat().st_size == 0:
+        yield RawRecord(str(path), None, reason="empty_file")
+        return
+    count = 0
+    if suffix == ".jsonl":
+        it = _read_jsonl(path, open)
+    elif suffix == ".jsonl.gz":
+        it = _read_jsonl(path, gzip.open)
+    elif suffix == ".json":
+        it = _read_json_array(path)
+    elif suffix == ".csv":
+        it = _read_csv(path)
+    elif suffix == ".parquet":
+        it = _read_parquet(path)
+    else:
+        raise ValueError(f"{path}: unsupported file type {suffix!r}; use one of {SUPPORTED_SUFFIXES}")
+    for rec in it:
+        count += 1
+        yield rec
+    if count == 0:
+        yield RawRecord(str(path), None, reason="empty_file: no rows")
+
+
+def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out.extend(sorted(f for f in p.rglob("*") if f.is_file() and _suffix(f) in SUPPORTED_SUFFIXES))
+        else:
+            out.append(p)
+    return out
+
+
+# -- records to rows --------------------------------------------------------------------
+def _pick(data: dict, name: str, mapping: dict[str, str]) -> tuple[str | None, Any]:
+    keys = (mapping[name],) if name in mapping else FIELD_ALIASES.get(name, (name,))
+    for k in keys:
+        if k in data and data[k] is not None:
+            return k, data[k]
+    return None, None
+
+
+def _as_text(key: str, value: Any, *, numbers_ok: bool) -> str:
+    if isinstance(value, str):
+        return value
+    if numbers_ok and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if key == "tests" and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "\n".join(value)
+    raise TypeError(f"wrong_type: expected string, got {type(value).__name__}")
+
+
+class RowError(ValueError):
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field, self.reason = field, reason
+
+
+def record_to_prompt(rec: RawRecord, source: str, domain: str | None, mapping: dict[str, str],
+                     max_chars: int, run_id: str | None) -> dict:
+    data = rec.data or {}
+    row: dict[str, Any] = {}
+    used: set[str] = set()
+    for name, numbers_ok in (("prompt", False), ("answer", True), ("solution", False), ("tests", False)):
+        key, value = _pick(data, name, mapping)
+        if key is None:
+            row[name] = None
+            continue
+        used.add(key)
+        try:
+            row[name] = _as_text(name, value, numbers_ok=numbers_ok)
+        except TypeError as e:
+            raise RowError(key, str(e)) from None
+        if len(row[name]) > max_chars:
+            raise RowError(key, f"oversized_field: {len(row[name])} characters > {max_chars}")
+    dkey, dval = _pick(data, "domain", mapping)
+    used.add(dkey or "")
+    row["domain"] = (dval if isinstance(dval, str) else None) or domain
+    if row["domain"] not in DOMAINS:
+        raise RowError("domain", f"not_allowed: {row['domain']!r} is not one of {list(DOMAINS)}")
+    if not row["prompt"] or not row["prompt"].strip():
+        raise RowError(mapping.get("prompt", "prompt"), "missing_required_field")
+    extra = {k: v for k, v in data.items() if k not in used and k != "metadata"}
+    meta = data.get("metadata")
+    if isinstance(meta, str):
+        try:
+            meta = json.loads(meta)
+        except json.JSONDecodeError:
+            meta = {"metadata": meta}
+    if meta is not None and not isinstance(meta, dict):
+        raise RowError("metadata", f"wrong_type: expected object, got {type(meta).__name__}")
+    row["metadata"] = json.dumps({**extra, **(meta or {})}, default=str, sort_keys=True)
+    row["source"] = source
+    row["id"] = stable_id(source, normalize_text(row["prompt"]), normalize_text(row["answer"] or ""))
+    row["content_hash"] = content_hash(row["prompt"], row["answer"])
+    row["file"], row["line"], row["ingest_run"] = rec.file, rec.line, run_id
+    return row
+
+
+def record_to_benchmark(rec: RawRecord, benchmark: str, domain: str | None, mapping: dict[str, str],
+                        max_chars: int, ordinal: int) -> dict:
+    row = record_to_prompt(rec, benchmark, domain, mapping, max_chars, None)
+    key, item_id = _pick(rec.data or {}, "item_id", mapping)
+    return {
+        "benchmark": benchmark,
+        "item_id": str(item_id) if item_id is not None else f"{ordinal}",
+        "text": row["prompt"], "answer": row["answer"], "tests": row["tests"],
+        "entry_point": str((rec.data or {}).get("entry_point") or "") or None,
+        "domain": row["domain"], "metadata": row["metadata"],
+    }
+
+
+# -- writing ----------------------------------------------------------------------------
+def _quarantine_rows(source: str, rejects: list[RawRecord], run_id: str | None) -> pl.DataFrame:
+    return pl.DataFrame(
+        [{"source": source, "file": r.file, "line": r.line, "field": r.field, "reason": r.reason,
+          "raw": r.raw, "run_id": run_id} for r in rejects],
+        schema=get_spec("quarantine").schema,
+    )
+
+
+def store_records(
+    wh: Warehouse,
+    records: Iterable[RawRecord],
+    source: str,
+    *,
+    kind: str = "prompts",
+    domain: str | None = None,
+    mapping: dict[str, str] | None = None,
+    max_chars: int = MAX_TEXT_CHARS,
+    run_id: str | None = None,
+) -> IngestReport:
+    """Turn records into rows of ``prompts`` or ``benchmarks``; quarantine the rest."""
+    validate_name(source, "source")
+    if kind not in ("prompts", "benchmarks"):
+        raise ValueError(f"kind must be 'prompts' or 'benchmarks', not {kind!r}")
+    mapping = mapping or {}
+    report = IngestReport(source)
+    good: list[dict] = []
+    good_recs: list[RawRecord] = []
+    rejects: list[RawRecord] = []
+    for rec in records:
+        report.rows_in += 1
+        if rec.reason:
+            rejects.append(rec)
+            continue
+        try:
+            if kind == "prompts":
+                good.append(record_to_prompt(rec, source, domain, mapping, max_chars, run_id))
+            else:
+                good.append(record_to_benchmark(rec, source, domain, mapping, max_chars, len(good) + 1))
+            good_recs.append(rec)
+        except RowError as e:
+            rec.field, rec.reason = e.field, e.reason
+            rejects.append(rec)
+    spec = get_spec(kind)
+    frame = pl.DataFrame(good, schema=spec.schema) if good else spec.empty()
+    valid, rejected = spec.validate(frame.with_row_index("_i"))
+    for r in rejected.iter_rows(named=True):
+        rec = good_recs[r["_i"]]
+        rec.field, rec.reason = r["field"], r["reason"]
+        rejects.append(rec)
+    valid = spec.conform(valid)
+    # identical rows (same key) are stored once: later copies count as already present
+    key = list(spec.key)
+    before = valid.height
+    valid = valid.unique(subset=key, keep="first", maintain_order=True)
+    report.already_present += before - valid.height
+    if wh.exists(kind) and valid.height:
+        existing = wh.scan(kind).select(key).collect()
+        fresh = valid.join(existing, on=key, how="anti")
+        report.already_present += valid.height - fresh.height
+        valid = fresh
+    if valid.height:
+        report.refs[kind] = wh.append(kind, valid, note=f"ingest {source}")
+    report.stored[kind] = valid.height
+    report.quarantined = len(rejects)
+    for r in rejects:
+        code = (r.reason or "unknown").split(":")[0]
+        report.quarantine_reasons[code] = report.quarantine_reasons.get(code, 0) + 1
+    if rejects:
+        report.refs["quarantine"] = wh.append("quarantine", _quarantine_rows(source, rejects, run_id),
+                                              note=f"ingest {source}")
+    return report
+
+
+def ingest_files(wh: Warehouse, paths: Iterable[str | Path], source: str, *, kind: str = "prompts",
+                 domain: str | None = None, mapping: dict[str, str] | None = None,
+                 max_chars: int = MAX_TEXT_CHARS, run_id: str | None = None) -> IngestReport:
+    files = expand_paths(paths)
+    if not files:
+        raise FileNotFoundError(f"no {', '.join(SUPPORTED_SUFFIXES)} files under {list(map(str, paths))}")
+
+    def all_records() -> Iterator[RawRecord]:
+        for f in files:
+            yield from read_records(f)
+
+    return store_records(wh, all_records(), source, kind=kind, domain=domain, mapping=mapping,
+                         max_chars=max_chars, run_id=run_id)

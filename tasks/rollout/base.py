@@ -1,0 +1,52 @@
+"""The one rollout interface every backend implements (local, vllm, openai).
+
+Prompts go in as plain strings (already chat-formatted by the caller, or raw text for
+base models); each prompt gets ``n`` completions back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+    # M1 repetition early truncation: stop once this many consecutive tokens each had
+    # probability above ``repetition_prob``; None disables it.
+    repetition_window: int | None = None
+    repetition_prob: float = 0.99
+    logprobs: bool = True
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    # log-probability of each sampled token under the sampling distribution, when the
+    # backend reports it; None otherwise.
+    logprobs: list[float] | None = None
+    # "stop" (EOS or stop string), "length" (max_tokens), "repetition" (early truncation)
+    finish_reason: str = "stop"
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "repetition"
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+    name: str
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Completion]]:
+        """Return, for each prompt, ``params.n`` completions."""
+        ...
+
+    def format_chat(self, messages: list[dict[str, str]]) -> str:
+        """Render chat messages with the model's chat template, ready for ``generate``."""
+        ...

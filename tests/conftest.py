@@ -1,0 +1,34 @@
+"""Shared fixtures. Each test gets its own POSTTRAIN_HOME; Prefect keeps one home per session."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+# before Prefect / MLflow / transformers are imported anywhere
+_SESSION_DIR = tempfile.mkdtemp(prefix="posttrain-tests-")
+os.environ.setdefault("PREFECT_HOME", os.path.join(_SESSION_DIR, "prefect"))
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(os.path.expanduser("~"), ".cache", "posttrain_torch_extensions"))
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+os.environ.pop("POSTTRAIN_MLFLOW_RUN_ID", None)
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A fresh POSTTRAIN_HOME for the test."""
+    h = tmp_path / "home"
+    h.mkdir()
+    monkeypatch.setenv("POSTTRAIN_HOME", str(h))
+    return h
+
+
+@pytest.fixture
+def wh(home):
+    from warehouse import Warehouse
+    return Warehouse(home)

@@ -1,0 +1,81 @@
+"""Each CLI command once, through a real subprocess."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+POSTTRAIN = shutil.which("posttrain", path=str(Path(sys.executable).parent)) or "posttrain"
+
+
+def cli(*args, home, timeout=300, check=True):
+    env = {**os.environ, "POSTTRAIN_HOME": str(home), "COLUMNS": "200"}
+    proc = subprocess.run([POSTTRAIN, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"posttrain {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def cli_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("cli_home")
+    data = tmp_path_factory.mktemp("cli_data")
+    (data / "mine.jsonl").write_text('{"question": "What is 6*7?", "answer": "42"}\n{"question": 5}\nnot json\n')
+    out = cli("ingest", str(data / "mine.jsonl"), "--source", "mine", "--domain", "math", home=home)
+    assert "quarantined 2" in out.stdout, out.stdout
+    return home
+
+
+def test_help_lists_commands(cli_home):
+    out = cli("--help", home=cli_home).stdout
+    for cmd in ("ingest", "table", "sql", "run", "ui"):
+        assert cmd in out
+
+
+def test_table_commands(cli_home, tmp_path):
+    out = cli("table", "list", home=cli_home).stdout
+    assert "prompts" in out and "quarantine" in out
+    assert "What is 6*7?" in cli("table", "show", "prompts", home=cli_home).stdout
+    assert "append" in cli("table", "history", "prompts", home=cli_home).stdout
+    dest = tmp_path / "q.parquet"
+    cli("table", "export", "quarantine", str(dest), home=cli_home)
+    assert pl.read_parquet(dest).height == 2
+    assert "no parents" in cli("table", "lineage", "prompts", home=cli_home).stdout
+
+
+def test_sql_json(cli_home):
+    out = cli("sql", "SELECT count(*) AS n FROM prompts", "--format", "json", home=cli_home).stdout
+    assert json.loads(out) == [{"n": 1}]
+
+
+def test_errors_are_one_line_and_nonzero(cli_home):
+    bad = cli("table", "show", "../etc", home=cli_home, check=False)
+    assert bad.returncode != 0 and bad.stderr.strip().startswith("error:") and len(bad.stderr.strip().splitlines()) == 1
+    missing = cli("table", "show", "nope", home=cli_home, check=False)
+    assert missing.returncode == 1 and "nope" in missing.stderr
+    nothing = cli("ingest", home=cli_home, check=False)
+    assert nothing.returncode == 2 and "error:" in nothing.stderr
+
+
+def test_profile_commands(cli_home):
+    assert "tiny" in cli("profile", "list", home=cli_home).stdout
+    shown = json.loads(cli("profile", "show", "tiny", home=cli_home).stdout)
+    assert shown["sections"]["profile"]["task_runner"] == "local"
+
+
+def test_run_ingest_stage_prints_summary(tmp_path):
+    out = cli("run", "--profile", "tiny", "--stage", "ingest", home=tmp_path).stdout
+    assert "posttrain run summary" in out and "benchmarks" in out and "pipeline MLflow run" in out
+
+
+def test_ui_starts_both_servers_and_stops(tmp_path):
+    out = cli("ui", "--duration", "1", "--prefect-port", "0", "--mlflow-port", "0", home=tmp_path, timeout=240).stdout
+    assert "Prefect UI: http://127.0.0.1:" in out and "MLflow UI:  http://127.0.0.1:" in out
+
+
+def test_gc(cli_home):
+    assert "removed 0" in cli("gc", home=cli_home).stdout

@@ -1,0 +1,51 @@
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from data_specs.profile import ProfileError, available_profiles, env_overrides, load_profile
+
+
+class Demo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    threshold: float = 0.5
+    nested: dict = {}
+
+
+def test_shipped_profiles_load():
+    assert {"tiny", "gpu", "m1"} <= set(available_profiles())
+    for name in ("tiny", "gpu", "m1"):
+        prof = load_profile(name, environ={})
+        assert prof.core.seed == 0
+    assert load_profile("tiny", environ={}).core.task_runner == "local"
+
+
+def test_env_overrides_win_and_are_typed(tmp_path):
+    (tmp_path / "demo.yaml").write_text("threshold: 0.7\n")
+    prof = load_profile(tmp_path, environ={"POSTTRAIN__DEMO__THRESHOLD": "0.9",
+                                           "POSTTRAIN__DEMO__NESTED__A": "3",
+                                           "POSTTRAIN__PROFILE__SEED": "7"})
+    cfg = prof.section("demo", Demo)
+    assert cfg.threshold == 0.9 and cfg.nested == {"a": 3}
+    assert prof.core.seed == 7
+
+
+def test_bad_section_names_file(tmp_path):
+    (tmp_path / "demo.yaml").write_text("threshold: high\n")
+    with pytest.raises(ProfileError, match="demo.yaml"):
+        load_profile(tmp_path, environ={}).section("demo", Demo)
+    (tmp_path / "demo.yaml").write_text("unknown_key: 1\n")
+    with pytest.raises(ProfileError):
+        load_profile(tmp_path, environ={}).section("demo", Demo)
+
+
+def test_unknown_profile_and_bad_override():
+    with pytest.raises(ProfileError, match="unknown profile"):
+        load_profile("nope", environ={})
+    with pytest.raises(ProfileError):
+        env_overrides({"POSTTRAIN__ONLYSECTION": "1"})
+
+
+def test_config_hash_changes_with_settings(tmp_path):
+    (tmp_path / "demo.yaml").write_text("threshold: 0.7\n")
+    a = load_profile(tmp_path, environ={}).config_hash("demo")
+    b = load_profile(tmp_path, environ={"POSTTRAIN__DEMO__THRESHOLD": "0.8"}).config_hash("demo")
+    assert a != b and a == load_profile(tmp_path, environ={}).config_hash("demo")

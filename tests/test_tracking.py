@@ -1,0 +1,46 @@
+"""MLflow tracking through real Prefect flow runs and a real SQLite MLflow store."""
+import json
+
+from mlflow.tracking import MlflowClient
+
+from tasks import tracking
+
+
+def _client(home):
+    return MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+
+
+def test_pipeline_run_has_child_runs_with_dataset_inputs(home, tmp_path):
+    from flows.pipeline import pipeline_flow
+    res = pipeline_flow(profile="tiny", stages=["ingest"], home=str(home))
+    client = _client(home)
+    parent = client.get_run(res["mlflow_run_id"])
+    assert parent.data.tags["posttrain.profile"] == "tiny"
+    assert parent.data.tags.get("prefect.flow_run_id")
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert [c.data.tags["posttrain.stage"] for c in children] == ["ingest"]
+    child = children[0]
+    assert child.data.tags["prefect.flow_run_id"] != parent.data.tags["prefect.flow_run_id"]
+    names = {d.dataset.name.split("@")[0]: d for d in child.inputs.dataset_inputs}
+    assert {"prompts", "benchmarks"} <= set(names)
+    assert names["prompts"].dataset.digest
+    assert json.loads(names["prompts"].dataset.profile)["num_rows"] == res["tables"]["prompts"]
+    assert child.data.metrics["ingest.rows_in"] == child.data.metrics["ingest.stored_prompts"] + \
+        child.data.metrics["ingest.stored_benchmarks"] + child.data.metrics["ingest.quarantined"] + \
+        child.data.metrics["ingest.already_present"]
+    assert child.data.metrics["ingest.stored_benchmarks"] >= 374 + 164
+
+
+def test_tracked_run_nests_and_restores(home):
+    with tracking.tracked_run("outer", tracking_uri=f"sqlite:///{home / 'mlflow.db'}") as outer:
+        with tracking.tracked_run("inner", params={"a": {"b": 1}, "lst": [1, 2]}) as inner:
+            assert tracking.current_run_id() == inner
+            tracking.log_counters({"x": 1.0, "nan": float("nan")}, prefix="p")
+        assert tracking.current_run_id() == outer
+    assert tracking.current_run_id() is None
+    run = _client(home).get_run(inner)
+    assert run.data.params == {"a.b": "1", "lst": "[1, 2]"}
+    assert run.data.metrics == {"p.x": 1.0}
+    assert run.data.tags["mlflow.parentRunId"] == outer
+    assert run.info.status == "FINISHED"

@@ -1,0 +1,161 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from data_specs import SpecError
+from warehouse import TableRef, Warehouse
+
+PY = sys.executable
+
+
+def _decisions(ids, stage="s"):
+    return pl.DataFrame({"row_id": ids, "stage": [stage] * len(ids), "decision": ["removed"] * len(ids),
+                         "reason": ["dup"] * len(ids)})
+
+
+def test_write_read_snapshots_and_history(wh):
+    r1 = wh.write("scratch", pl.DataFrame({"a": [1, 2]}))
+    r2 = wh.write("scratch", pl.DataFrame({"a": [3]}))
+    assert wh.read("scratch")["a"].to_list() == [3]
+    assert wh.read("scratch", r1.snapshot)["a"].to_list() == [1, 2]
+    assert wh.latest("scratch") == r2
+    hist = wh.history("scratch")
+    assert hist["snapshot"].to_list() == [r2.snapshot, r1.snapshot]
+    assert wh.tables().filter(pl.col("name") == "scratch")["snapshots"].item() == 2
+
+
+def test_append_shares_files_and_records_parent(wh):
+    r1 = wh.write("decisions", _decisions(["a", "b"]))
+    r2 = wh.append("decisions", _decisions(["c"]))
+    assert r2.rows == 3
+    assert sorted(wh.read("decisions")["row_id"].to_list()) == ["a", "b", "c"]
+    assert wh.files("decisions")[0] == wh.files("decisions", r1.snapshot)[0]
+    assert {"child": str(r2), "parent": str(r1)} in wh.lineage("decisions")
+    wh.append("scratch2", pl.DataFrame({"x": [1]}))
+    with pytest.raises(SpecError, match="schema"):
+        wh.append("scratch2", pl.DataFrame({"y": ["s"]}))
+    assert wh.read("scratch2")["x"].to_list() == [1]
+
+
+def test_spec_violations_refused(wh):
+    with pytest.raises(SpecError, match="missing_required_field"):
+        wh.write("decisions", _decisions([""]))
+    assert not wh.exists("decisions")
+
+
+def test_lineage_across_tables(wh):
+    a = wh.write("raw_a", pl.DataFrame({"x": [1]}))
+    b = wh.write("raw_b", pl.DataFrame({"x": [2]}), parents=[a])
+    c = wh.write("derived", pl.DataFrame({"x": [3]}), parents=[b, a])
+    parents = {e["parent"] for e in wh.lineage("derived", c.snapshot)}
+    assert parents == {str(a), str(b)}
+    assert TableRef.parse(str(c)).snapshot == c.snapshot
+
+
+def test_content_hash_is_deterministic(wh):
+    df = pl.DataFrame({"a": [1, 2, 3], "b": ["x", "y", "z"]})
+    assert wh.write("h1", df).content_hash == wh.write("h2", df).content_hash
+    assert wh.write("h3", df.reverse()).content_hash != wh.write("h1", df).content_hash
+
+
+def test_sql_over_latest_and_injection_refused(wh):
+    wh.write("scratch", pl.DataFrame({"a": [1, 2, 3]}))
+    assert wh.sql("SELECT sum(a) AS s FROM scratch")["s"].item() == 6
+    assert wh.sql("SELECT count(*) AS n FROM catalog WHERE name = ?", ["scratch"])["n"].item() == 1
+    # SQL runs in a private in-memory database: it cannot drop the catalog
+    wh.sql("DROP VIEW scratch")
+    assert wh.read("scratch").height == 3
+    for bad in ("a;drop table snapshots", "../etc", "", "x" * 100):
+        with pytest.raises(ValueError):
+            wh.write(bad, pl.DataFrame({"a": [1]}))
+        with pytest.raises(ValueError):
+            wh.read(bad)
+
+
+def test_missing_table_errors_name_it(wh):
+    with pytest.raises(KeyError, match="nope"):
+        wh.read("nope")
+    assert wh.read("decisions", default_empty=True).height == 0
+
+
+WRITER = textwrap.dedent("""
+    import sys, polars as pl
+    from warehouse import Warehouse
+    wh = Warehouse(sys.argv[1])
+    n = int(sys.argv[3])
+    i = 0
+    while True:
+        wh.write(sys.argv[2], pl.DataFrame({"i": pl.arange(0, n, eager=True) + i, "s": ["x" * 50] * n}))
+        i += 1
+        if len(sys.argv) > 4 and i >= int(sys.argv[4]):
+            break
+""")
+
+
+def test_sigkill_mid_write_leaves_no_partial_table(home):
+    wh = Warehouse(home)
+    wh.write("big", pl.DataFrame({"i": [0], "s": ["seed"]}))
+    table_dir = Path(home) / "tables" / "big"
+    proc = subprocess.Popen([PY, "-c", WRITER, str(home), "big", "2000000"])
+    try:
+        deadline = time.time() + 120
+        # wait until a write is in flight (its temporary directory exists), then kill it
+        while time.time() < deadline and not any(p.name.startswith(".tmp-") for p in table_dir.iterdir()):
+            time.sleep(0.005)
+        assert proc.poll() is None, "writer finished before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    wh2 = Warehouse(home)  # the catalog opens
+    hist = wh2.history("big")
+    for snap in hist["snapshot"].to_list():
+        df = wh2.read("big", snap)  # every visible snapshot is complete
+        assert df.height in (1, 2_000_000)
+    assert wh2.latest("big").rows == wh2.read("big").height
+    ref = wh2.write("big", pl.DataFrame({"i": [7], "s": ["after"]}))
+    assert wh2.read("big")["s"].to_list() == ["after"] and ref.rows == 1
+    leftovers = [p for p in table_dir.iterdir() if p.name.startswith(".tmp-")]
+    assert len(leftovers) <= 1  # the killed writer's scratch, invisible to readers
+    visible = {Path(f).parent.name for s in hist["snapshot"].to_list() for f in map(str, wh2.files("big", s))}
+    assert not any(name.startswith(".tmp-") for name in visible)
+
+
+def test_two_processes_appending_at_once_keep_a_consistent_catalog(home):
+    Warehouse(home)
+    script = textwrap.dedent("""
+        import sys, polars as pl
+        from warehouse import Warehouse
+        wh = Warehouse(sys.argv[1])
+        for k in range(15):
+            wh.append("decisions", pl.DataFrame({"row_id": [f"{sys.argv[2]}-{k}-{j}" for j in range(10)],
+                "stage": ["s"] * 10, "decision": ["removed"] * 10, "reason": ["dup"] * 10}))
+    """)
+    procs = [subprocess.Popen([PY, "-c", script, str(home), tag]) for tag in ("p", "q")]
+    for p in procs:
+        assert p.wait(timeout=240) == 0
+    wh = Warehouse(home)
+    df = wh.read("decisions")
+    assert df.height == 300 and df["row_id"].n_unique() == 300
+    hist = wh.history("decisions")
+    assert hist.height == 30
+    assert wh.latest("decisions").rows == 300
+    # each append's parent is the snapshot committed just before it
+    parents = [json.loads(p)[0] for p in hist["parents"].to_list()[:-1]]
+    assert parents == [f"decisions@{s}" for s in hist["snapshot"].to_list()[1:]]
+
+
+def test_gc_removes_only_orphans(wh):
+    wh.write("scratch", pl.DataFrame({"a": [1]}))
+    orphan = wh.tables_dir / "scratch" / "20000101T000000-deadbeef"
+    orphan.mkdir()
+    (orphan / "part-0.parquet").write_bytes(b"partial")
+    removed = wh.gc(older_than_s=0)
+    assert removed == [orphan] and wh.read("scratch").height == 1

@@ -1,0 +1,5 @@
+"""The catalog and table store: DuckDB catalog, Parquet snapshots, lineage."""
+from warehouse.paths import posttrain_home
+from warehouse.store import TableRef, Warehouse, WarehouseError, frame_digest
+
+__all__ = ["TableRef", "Warehouse", "WarehouseError", "frame_digest", "posttrain_home"]

@@ -1,0 +1,345 @@
+"""The table store: Parquet snapshots under ``tables/`` and a DuckDB catalog.
+
+Every write makes a new immutable snapshot. Parquet files are written to a temporary
+directory, renamed into ``tables/<name>/<snapshot>/`` and only then is the catalog row
+committed, under an inter-process file lock, in one DuckDB transaction. A writer that
+dies before the commit leaves at most an unreferenced directory that no reader sees
+(``gc`` removes it). An ``append`` snapshot references its parent's files plus its own,
+so appending never copies old data.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator, Literal, Sequence
+
+import duckdb
+import polars as pl
+from filelock import FileLock
+
+from data_specs import SpecError, get_spec, validate_name
+from warehouse.paths import posttrain_home
+
+CATALOG_DDL = """
+CREATE TABLE IF NOT EXISTS snapshots (
+    seq BIGINT PRIMARY KEY,
+    name VARCHAR NOT NULL,
+    snapshot VARCHAR NOT NULL UNIQUE,
+    schema_version INTEGER,
+    rows BIGINT NOT NULL,
+    content_hash VARCHAR NOT NULL,
+    parents VARCHAR NOT NULL,      -- JSON list of "name@snapshot"
+    flow_run_id VARCHAR,
+    created TIMESTAMP NOT NULL,
+    mode VARCHAR NOT NULL,
+    files VARCHAR NOT NULL,        -- JSON list of paths relative to home
+    note VARCHAR
+)
+"""
+LOCK_TIMEOUT_S = 120
+
+
+class WarehouseError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class TableRef:
+    name: str
+    snapshot: str
+    rows: int = 0
+    content_hash: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.snapshot}"
+
+    @classmethod
+    def parse(cls, text: str) -> "TableRef":
+        name, sep, snap = text.partition("@")
+        if not sep or not snap:
+            raise ValueError(f"table reference {text!r} is not of the form name@snapshot")
+        return cls(validate_name(name), snap)
+
+
+def _new_snapshot_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+def frame_digest(df: pl.DataFrame) -> str:
+    """Content hash of a frame: sha256 of its Arrow IPC bytes (order- and type-sensitive)."""
+    return hashlib.sha256(df.write_ipc(None).getvalue()).hexdigest()
+
+
+class Warehouse:
+    def __init__(self, home: str | os.PathLike | None = None):
+        self.home = posttrain_home(home)
+        self.tables_dir = self.home / "tables"
+        self.tables_dir.mkdir(exist_ok=True)
+        self.catalog_path = self.home / "warehouse.duckdb"
+        self._lock = FileLock(str(self.home / "warehouse.lock"), timeout=LOCK_TIMEOUT_S)
+        with self._catalog() as con:
+            con.execute(CATALOG_DDL)
+
+    # -- places beside the tables -------------------------------------------------------
+    def _subdir(self, name: str) -> Path:
+        p = self.home / name
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self._subdir("artifacts")
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self._subdir("checkpoints")
+
+    @property
+    def models_dir(self) -> Path:
+        return self._subdir("models")
+
+    # -- catalog access -----------------------------------------------------------------
+    @contextmanager
+    def _catalog(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        # DuckDB allows one writing process per file: serialize catalog access across
+        # processes with a file lock and keep each connection short-lived.
+        with self._lock:
+            con = duckdb.connect(str(self.catalog_path))
+            try:
+                yield con
+            finally:
+                con.close()
+
+    def _rows(self, query: str, params: Sequence = ()) -> list[dict]:
+        with self._catalog() as con:
+            cur = con.execute(query, list(params))
+            cols = [d[0] for d in cur.description]
+            return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+    def _snapshot_row(self, name: str, snapshot: str | None) -> dict:
+        validate_name(name)
+        if snapshot is None:
+            rows = self._rows("SELECT * FROM snapshots WHERE name = ? ORDER BY seq DESC LIMIT 1", [name])
+            if not rows:
+                raise KeyError(f"table {name!r} does not exist in {self.home}")
+        else:
+            rows = self._rows("SELECT * FROM snapshots WHERE name = ? AND snapshot = ?", [name, snapshot])
+            if not rows:
+                raise KeyError(f"table {name!r} has no snapshot {snapshot!r}")
+        return rows[0]
+
+    @staticmethod
+    def _ref(row: dict) -> TableRef:
+        return TableRef(row["name"], row["snapshot"], int(row["rows"]), row["content_hash"])
+
+    # -- writing ------------------------------------------------------------------------
+    def write(
+        self,
+        name: str,
+        df: pl.DataFrame,
+        mode: Literal["replace", "append"] = "replace",
+        parents: Sequence[TableRef | str] = (),
+        flow_run_id: str | None = None,
+        note: str | None = None,
+    ) -> TableRef:
+        """Write ``df`` as a new snapshot of ``name`` and return its reference."""
+        validate_name(name)
+        if mode not in ("replace", "append"):
+            raise ValueError(f"mode must be 'replace' or 'append', not {mode!r}")
+        spec = get_spec(name)
+        if spec is not None:
+            valid, rejected = spec.validate(df)
+            if rejected.height:
+                first = rejected.row(0, named=True)
+                raise SpecError(
+                    f"table {name!r}: {rejected.height} row(s) violate spec v{spec.version}; "
+                    f"first: field {first['field']!r}: {first['reason']}"
+                )
+            df = valid
+        flow_run_id = flow_run_id or _current_flow_run_id()
+        snapshot = _new_snapshot_id()
+        table_dir = self.tables_dir / name
+        table_dir.mkdir(exist_ok=True)
+        tmp = table_dir / f".tmp-{snapshot}"
+        tmp.mkdir()
+        try:
+            part = tmp / "part-0.parquet"
+            df.write_parquet(part, compression="zstd", statistics=True)
+            with open(part, "rb") as fh:
+                os.fsync(fh.fileno())
+            final = table_dir / snapshot
+            os.rename(tmp, final)  # atomic on one filesystem
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        own_file = str((final / "part-0.parquet").relative_to(self.home))
+        part_hash = frame_digest(df)
+        parent_names = [str(p) for p in parents]
+        with self._catalog() as con:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                latest = con.execute(
+                    "SELECT rows, content_hash, files, snapshot FROM snapshots WHERE name = ? "
+                    "ORDER BY seq DESC LIMIT 1", [name]).fetchone()
+                files, rows, content_hash = [own_file], df.height, part_hash
+                if mode == "append" and latest is not None:
+                    prev_files = json.loads(latest[2])
+                    if prev_files:
+                        prev_schema = pl.read_parquet_schema(self.home / prev_files[0])
+                        if dict(prev_schema) != dict(df.schema):
+                            raise SpecError(
+                                f"cannot append to {name!r}: schema {dict(df.schema)} differs from "
+                                f"the table's {dict(prev_schema)}")
+                    files = prev_files + [own_file]
+                    rows = int(latest[0]) + df.height
+                    content_hash = hashlib.sha256((latest[1] + part_hash).encode()).hexdigest()
+                    parent_names = [f"{name}@{latest[3]}"] + parent_names
+                seq = con.execute("SELECT coalesce(max(seq), 0) + 1 FROM snapshots").fetchone()[0]
+                con.execute(
+                    "INSERT INTO snapshots VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [seq, name, snapshot, spec.version if spec else None, rows, content_hash,
+                     json.dumps(parent_names), flow_run_id, datetime.now(timezone.utc).replace(tzinfo=None),
+                     mode, json.dumps(files), note],
+                )
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                shutil.rmtree(final, ignore_errors=True)
+                raise
+        return TableRef(name, snapshot, rows, content_hash)
+
+    def append(self, name: str, df: pl.DataFrame, **kw) -> TableRef:
+        return self.write(name, df, mode="append", **kw)
+
+    # -- reading ------------------------------------------------------------------------
+    def exists(self, name: str) -> bool:
+        validate_name(name)
+        return bool(self._rows("SELECT 1 FROM snapshots WHERE name = ? LIMIT 1", [name]))
+
+    def latest(self, name: str) -> TableRef | None:
+        try:
+            return self._ref(self._snapshot_row(name, None))
+        except KeyError:
+            return None
+
+    def files(self, name: str, snapshot: str | None = None) -> list[Path]:
+        row = self._snapshot_row(name, snapshot)
+        return [self.home / f for f in json.loads(row["files"])]
+
+    def scan(self, name: str, snapshot: str | None = None) -> pl.LazyFrame:
+        return pl.scan_parquet([str(p) for p in self.files(name, snapshot)])
+
+    def read(self, name: str, snapshot: str | None = None, default_empty: bool = False) -> pl.DataFrame:
+        """A snapshot (latest by default) as a polars frame.
+
+        With ``default_empty`` a missing table reads as an empty frame of its spec.
+        """
+        if default_empty and not self.exists(name):
+            spec = get_spec(name)
+            if spec is None:
+                raise KeyError(f"table {name!r} does not exist and has no spec")
+            return spec.empty()
+        return self.scan(name, snapshot).collect()
+
+    def read_ref(self, ref: TableRef | str) -> pl.DataFrame:
+        ref = TableRef.parse(ref) if isinstance(ref, str) else ref
+        return self.read(ref.name, ref.snapshot)
+
+    def tables(self) -> pl.DataFrame:
+        rows = self._rows(
+            "SELECT name, snapshot, rows, schema_version, content_hash, created, "
+            "(SELECT count(*) FROM snapshots s2 WHERE s2.name = s.name) AS snapshots "
+            "FROM snapshots s WHERE seq = (SELECT max(seq) FROM snapshots s3 WHERE s3.name = s.name) "
+            "ORDER BY name")
+        return _frame(rows, ["name", "snapshot", "rows", "schema_version", "content_hash", "created", "snapshots"])
+
+    def history(self, name: str) -> pl.DataFrame:
+        validate_name(name)
+        rows = self._rows(
+            "SELECT snapshot, mode, rows, schema_version, content_hash, parents, flow_run_id, created, note "
+            "FROM snapshots WHERE name = ? ORDER BY seq DESC", [name])
+        if not rows:
+            raise KeyError(f"table {name!r} does not exist in {self.home}")
+        return _frame(rows, list(rows[0].keys()))
+
+    def lineage(self, name: str, snapshot: str | None = None) -> list[dict]:
+        """Edges (child, parent) from a snapshot back through every ancestor."""
+        start = self._snapshot_row(name, snapshot)
+        edges, seen = [], set()
+        todo = [f"{start['name']}@{start['snapshot']}"]
+        while todo:
+            ref = todo.pop()
+            if ref in seen:
+                continue
+            seen.add(ref)
+            n, _, s = ref.partition("@")
+            try:
+                row = self._snapshot_row(n, s)
+            except KeyError:
+                continue
+            for parent in json.loads(row["parents"]):
+                edges.append({"child": ref, "parent": parent})
+                todo.append(parent)
+        return edges
+
+    def sql(self, query: str, params: Sequence | None = None) -> pl.DataFrame:
+        """Run SQL over the latest snapshot of every table (each a view named like the table).
+
+        The query runs in a private in-memory DuckDB, so it can neither change the catalog
+        nor hold its lock; ``catalog`` is a view of all snapshots.
+        """
+        with self._catalog() as cat:
+            latest = cat.execute(
+                "SELECT name, files FROM snapshots s WHERE seq = "
+                "(SELECT max(seq) FROM snapshots s2 WHERE s2.name = s.name)").fetchall()
+            catalog_df = cat.sql("SELECT * EXCLUDE (files) FROM snapshots ORDER BY seq").pl()
+        con = duckdb.connect(":memory:")
+        try:
+            con.register("catalog", catalog_df)
+            for tname, files in latest:
+                validate_name(tname)
+                paths = ", ".join("'" + str(self.home / f).replace("'", "''") + "'" for f in json.loads(files))
+                con.execute(f'CREATE VIEW "{tname}" AS SELECT * FROM read_parquet([{paths}])')
+            rel = con.sql(query, params=list(params) if params else None)
+            if rel is None:  # a statement that returns nothing
+                return pl.DataFrame()
+            return rel.pl()
+        finally:
+            con.close()
+
+    def gc(self, older_than_s: float = 3600.0) -> list[Path]:
+        """Remove snapshot directories no catalog row references (left by crashed writers)."""
+        referenced = set()
+        for row in self._rows("SELECT files FROM snapshots"):
+            referenced.update(str(Path(f).parent) for f in json.loads(row["files"]))
+        removed, now = [], time.time()
+        for table_dir in self.tables_dir.iterdir():
+            for snap_dir in table_dir.iterdir() if table_dir.is_dir() else []:
+                rel = str(snap_dir.relative_to(self.home))
+                if rel not in referenced and now - snap_dir.stat().st_mtime > older_than_s:
+                    shutil.rmtree(snap_dir, ignore_errors=True)
+                    removed.append(snap_dir)
+        return removed
+
+
+def _frame(rows: list[dict], columns: list[str]) -> pl.DataFrame:
+    if not rows:
+        return pl.DataFrame({c: [] for c in columns})
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def _current_flow_run_id() -> str | None:
+    try:
+        from prefect.runtime import flow_run
+        fid = flow_run.get_id()
+        return str(fid) if fid else None
+    except Exception:  # outside Prefect, or Prefect not importable in a worker
+        return None
