@@ -158,12 +158,13 @@ def sql(query: str, home: Optional[str] = HomeOpt, fmt: str = typer.Option("tabl
 
 @app.command()
 def run(profile: str = ProfileOpt, stage: list[str] = typer.Option([], "--stage", help="run only these stages"),
+        force: bool = typer.Option(False, "--force", help="re-run stages whose inputs and config are unchanged"),
         home: Optional[str] = HomeOpt):
     """Run the full pipeline (or chosen stages) and print a summary."""
     from flows.pipeline import pipeline_flow
     t0 = time.time()
     with _stage_progress():
-        res = pipeline_flow(profile=profile, stages=stage or None, home=home)
+        res = pipeline_flow(profile=profile, stages=stage or None, home=home, force=force)
     _print_summary(res, time.time() - t0, home)
 
 
@@ -174,7 +175,8 @@ def _print_summary(res: dict, elapsed: float, home: Optional[str]) -> None:
     _print_frame(wh.tables().select("name", "rows", "snapshot"), title="warehouse tables")
     for stage, out in res.items():
         if isinstance(out, dict) and "mlflow_run_id" in out:
-            console.print(f"  {stage:<12} MLflow run {out['mlflow_run_id']}")
+            how = "skipped (unchanged), last" if out.get("skipped") else ""
+            console.print(f"  {stage:<12} {how} MLflow run {out['mlflow_run_id']}")
     console.print(f"pipeline MLflow run: {res.get('mlflow_run_id')}   wall time {elapsed:.0f}s")
     console.print(f"data: {wh.home}   open the UIs with `posttrain ui` (or `make ui`)")
 

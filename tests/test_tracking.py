@@ -44,3 +44,18 @@ def test_tracked_run_nests_and_restores(home):
     assert run.data.metrics == {"p.x": 1.0}
     assert run.data.tags["mlflow.parentRunId"] == outer
     assert run.info.status == "FINISHED"
+
+
+def test_pipeline_skips_unchanged_stage_and_reruns_on_config_change(home, monkeypatch):
+    from flows.pipeline import pipeline_flow
+    from warehouse import Warehouse
+    first = pipeline_flow(profile="tiny", stages=["ingest"], home=str(home))
+    second = pipeline_flow(profile="tiny", stages=["ingest"], home=str(home))
+    assert second["ingest"]["skipped"] is True
+    assert second["ingest"]["mlflow_run_id"] == first["ingest"]["mlflow_run_id"]
+    monkeypatch.setenv("POSTTRAIN__INGEST__REASONING_GYM_PER_TASK", "21")
+    third = pipeline_flow(profile="tiny", stages=["ingest"], home=str(home))
+    assert not third["ingest"].get("skipped")
+    # only the new generator rows were stored
+    assert third["ingest"]["stored"]["prompts"] == 6 and third["ingest"]["already_present"] > 0
+    assert Warehouse(home).read("stage_runs").height == 2
