@@ -1,0 +1,80 @@
+"""Pick a kernel implementation: Triton on CUDA, chunked torch elsewhere.
+
+``POSTTRAIN_KERNEL_BACKEND`` (naive | chunk | triton) overrides the choice, e.g. to run the
+Triton kernels on CPU under ``TRITON_INTERPRET=1``. Triton modules are imported lazily, so
+importing this module (or the model) never initialises Triton.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .lightning_chunk import lightning_attn_chunk
+from .lightning_naive import lightning_attn_naive
+from .logprob_fused import token_logprobs_fused
+from .logprob_naive import token_logprobs_naive
+
+BACKENDS = ("naive", "chunk", "triton")
+
+
+def _triton_usable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def select_backend(device: torch.device, requested: str | None = None) -> str:
+    """The backend for tensors on ``device``: explicit request, then env override, then device."""
+    choice = requested or os.environ.get("POSTTRAIN_KERNEL_BACKEND") or None
+    if choice is not None:
+        if choice not in BACKENDS:
+            raise ValueError(f"unknown kernel backend {choice!r}; expected one of {BACKENDS}")
+        return choice
+    return "triton" if device.type == "cuda" and _triton_usable() else "chunk"
+
+
+def lightning_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slope: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    scale: float = 1.0,
+    chunk_size: int = 64,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Lightning attention, q/k [B, H, T, K], v [B, H, T, V], slope [H] -> (o, final fp32 state)."""
+    chosen = select_backend(q.device, backend)
+    if chosen == "naive":
+        return lightning_attn_naive(q, k, v, slope, initial_state, output_final_state, scale)
+    if chosen == "triton":
+        from .lightning_triton import lightning_attn_triton
+
+        return lightning_attn_triton(
+            q, k, v, slope, initial_state, output_final_state, scale, chunk_size
+        )
+    return lightning_attn_chunk(q, k, v, slope, initial_state, output_final_state, scale, chunk_size)
+
+
+def token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    ignore_index: int = -100,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP32 log p(label) and entropy per position, never holding full-vocabulary logits
+    (except the ``naive`` reference)."""
+    chosen = select_backend(hidden.device, backend)
+    if chosen == "naive":
+        return token_logprobs_naive(hidden, weight, labels, ignore_index)
+    if chosen == "triton":
+        from .logprob_triton import token_logprobs_triton
+
+        return token_logprobs_triton(hidden, weight, labels, ignore_index)
+    return token_logprobs_fused(hidden, weight, labels, ignore_index)
