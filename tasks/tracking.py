@@ -89,6 +89,8 @@ def tracked_run(
     uses ``$MLFLOW_TRACKING_URI`` or the SQLite store under ``$POSTTRAIN_HOME``.
     """
     parent = parent_run_id or current_run_id()
+    # mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI: restore it (and our run id) on exit
+    saved_env = {k: os.environ.get(k) for k in (RUN_ID_ENV, TRACKING_URI_ENV)}
     if tracking_uri or not parent:
         configure(tracking_uri)
     uri = mlflow.get_tracking_uri()
@@ -104,7 +106,6 @@ def tracked_run(
     run_id = run.info.run_id
     token = _current_run.set(run_id)
     # child processes (launcher-started training ranks) log to the same run and store
-    saved_env = {k: os.environ.get(k) for k in (RUN_ID_ENV, TRACKING_URI_ENV)}
     os.environ[RUN_ID_ENV] = run_id
     os.environ[TRACKING_URI_ENV] = uri
     status = "FAILED"

@@ -8,6 +8,7 @@ import tempfile
 _SESSION_DIR = tempfile.mkdtemp(prefix="posttrain-tests-")
 os.environ.setdefault("PREFECT_HOME", os.path.join(_SESSION_DIR, "prefect"))
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -17,6 +18,13 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.pop("POSTTRAIN_MLFLOW_RUN_ID", None)
 
 import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolated_tracking(monkeypatch):
+    """No test inherits another's MLflow store or active run through the environment."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("POSTTRAIN_MLFLOW_RUN_ID", raising=False)
 
 
 @pytest.fixture

@@ -1,0 +1,108 @@
+"""The synthesize table layer: run_synthesis fills synthetic_tasks deterministically for every
+task, drops and records duplicates, follows calibration, logs to MLflow, runs inside a flow."""
+import json
+import os
+
+# the ephemeral Prefect server can take longer than the default 20 s to start on 2 busy cores
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+import polars as pl  # noqa: E402
+import pytest  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+from prefect import flow  # noqa: E402
+
+from tasks.synth.config import SynthesizeConfig  # noqa: E402
+from tasks.synth.registry import get_task, own_task_names  # noqa: E402
+from tasks.synthesize import SynthesisConfigError, run_synthesis  # noqa: E402
+
+@pytest.fixture(autouse=True)
+def _fresh_tracking_store(monkeypatch):
+    # mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI, which would keep later tests
+    # logging into an earlier test's home; each test uses the store under its own home
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+
+def _runs(home):
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    exps = client.search_experiments()
+    return client, client.search_runs([e.experiment_id for e in exps])
+
+
+def test_every_task_100_instances_twice_identical(wh, home):
+    cfg = SynthesizeConfig()
+    first = run_synthesis(wh, cfg, per_task=100, tasks=None, seed=0)
+    second = run_synthesis(wh, cfg, per_task=100, tasks=None, seed=0)
+    assert first.content_hash == second.content_hash and first.snapshot != second.snapshot
+    table = wh.read("synthetic_tasks", first.snapshot)
+    counts = dict(table.group_by("task").len().iter_rows())
+    assert set(counts) == set(own_task_names())
+    assert table["id"].n_unique() == table.height
+    assert set(table["domain"].to_list()) == {"logic"}
+    # every stored row verifies against its own gold answer, from the stored metadata alone
+    from tasks.synth.base import TaskInstance
+    for row in table.sample(120, seed=1).iter_rows(named=True):
+        inst = TaskInstance(row["task"], row["level"], row["seed"], row["question"], row["prompt"],
+                            row["answer"], json.loads(row["metadata"]))
+        assert get_task(row["task"]).verify(inst, f"<answer>{row['answer']}</answer>") == 1.0
+    # duplicates: rows + removed == draws, every removal recorded in decisions
+    decisions = wh.read("decisions").filter(pl.col("stage") == "synthesize_dedup")
+    per_run = decisions.height // 2
+    short = {t: 100 - n for t, n in counts.items() if n < 100}
+    assert all(decisions.filter(pl.col("row_id").str.starts_with(f"{t}/")).height > 0 for t in short)
+    assert set(decisions["reference_id"].to_list()) <= set(table["id"].to_list())
+    # counts and the level plot went to MLflow
+    client, runs = _runs(home)
+    run = next(r for r in runs if r.data.tags.get("posttrain.stage") == "synthesize")
+    assert run.data.metrics["synthesize.rows"] == table.height
+    assert run.data.metrics["synthesize.duplicates"] == per_run
+    assert run.data.metrics["synthesize.sudoku.level_0"] == table.filter(
+        (pl.col("task") == "sudoku") & (pl.col("level") == 0)).height
+    artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "plots")]
+    assert "plots/synthetic_level_distribution.png" in artifacts
+
+
+def test_calibrated_band_and_configured_levels(wh):
+    calibration = pl.DataFrame({
+        "task": ["sudoku", "cipher"], "n_levels": [6, 7], "lower_level": [1, 0], "upper_level": [2, 0],
+        "status": ["band", "too_hard"], "probes": ["[]", "[]"], "instances_per_level": [1, 1],
+        "base_samples": [1, 1], "strong_samples": [10, 10], "strong_k": [10, 10],
+        "base_solver": ["b", "b"], "strong_solver": ["s", "s"],
+    })
+    cal_ref = wh.write("task_calibration", calibration)
+    cfg = SynthesizeConfig(levels={"word_sorting": [3]}, default_levels=[0])
+    ref = run_synthesis(wh, cfg, per_task=10, tasks=["sudoku", "cipher", "word_sorting", "survo"], seed=3)
+    table = wh.read("synthetic_tasks", ref.snapshot)
+    levels = {t: sorted(set(g["level"].to_list())) for (t,), g in table.group_by("task")}
+    assert levels == {"sudoku": [1, 2], "word_sorting": [3], "survo": [0]}   # cipher: too hard, skipped
+    sources = dict(table.select("task", "level_source").unique().iter_rows())
+    assert sources["sudoku"] == "calibrated" and sources["survo"] == "configured"
+    assert any(cal_ref.snapshot in str(p) for p in wh.lineage("synthetic_tasks", ref.snapshot))
+    other_seed = run_synthesis(wh, cfg, per_task=10, tasks=["survo"], seed=4)
+    assert other_seed.content_hash != run_synthesis(wh, cfg, per_task=10, tasks=["survo"], seed=3).content_hash
+
+
+def test_bad_configuration_is_a_clear_error(wh):
+    with pytest.raises(SynthesisConfigError, match=r"synthesize.levels.sudoku: levels \[9\]"):
+        run_synthesis(wh, SynthesizeConfig(levels={"sudoku": [0, 9]}), per_task=2, tasks=["sudoku"], seed=0)
+    with pytest.raises(ValueError, match="unknown synthetic task 'sodoku'"):
+        run_synthesis(wh, SynthesizeConfig(), per_task=2, tasks=["sodoku"], seed=0)
+
+
+def test_runs_inside_a_prefect_flow_with_reasoning_gym(wh, home):
+    @flow(name="synthesize-test")
+    def synthesize_flow(home_dir: str) -> str:
+        from warehouse import Warehouse
+        ref = run_synthesis(Warehouse(home_dir), SynthesizeConfig(default_levels=[0, 1]), per_task=5,
+                            tasks=["game_of_24", "web_of_lies", "rg:basic_arithmetic"], seed=1)
+        return str(ref)
+
+    ref_text = synthesize_flow(str(home))
+    table = wh.read("synthetic_tasks")
+    assert ref_text.startswith("synthetic_tasks@")
+    assert dict(table.group_by("task").len().iter_rows()) == {
+        "game_of_24": 5, "web_of_lies": 5, "rg:basic_arithmetic": 5}
+    direct = run_synthesis(wh, SynthesizeConfig(default_levels=[0, 1]), per_task=5,
+                           tasks=["game_of_24", "web_of_lies", "rg:basic_arithmetic"], seed=1)
+    assert direct.content_hash == wh.latest("synthetic_tasks").content_hash
+    assert wh.read("synthetic_tasks").equals(table)
