@@ -5,6 +5,7 @@ import os
 def apply_defaults() -> None:
     home = os.path.abspath(os.environ.setdefault("POSTTRAIN_HOME", ".posttrain"))
     os.environ.setdefault("PREFECT_HOME", os.path.join(home, "prefect"))
+    os.makedirs(os.environ["PREFECT_HOME"], exist_ok=True)  # Prefect's SQLite needs the directory
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # the ephemeral API server starts slowly on 2 busy cores (default timeout 20 s)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")

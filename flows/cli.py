@@ -248,6 +248,10 @@ def main() -> None:
     """Entry point: errors become one line on stderr and a non-zero exit."""
     # click's UsageError as vendored by this typer (bad arguments: exit 2)
     usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+    # The ephemeral Prefect API stops at exit while its event recorder may still be flushing;
+    # the resulting CancelledError tracebacks are noise for a CLI user (runs are already final).
+    import logging
+    logging.getLogger("prefect.server.services.task_run_recorder").setLevel(logging.CRITICAL)
     try:
         app(standalone_mode=False)
     except typer.Exit as e:

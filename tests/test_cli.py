@@ -79,3 +79,8 @@ def test_ui_starts_both_servers_and_stops(tmp_path):
 
 def test_gc(cli_home):
     assert "removed 0" in cli("gc", home=cli_home).stdout
+
+
+def test_synthesize_command(tmp_path):
+    out = cli("synthesize", "--per-task", "2", "--task", "game_of_24", "--task", "sudoku", home=tmp_path / "new").stdout
+    assert "4 instances over 2 tasks" in out
