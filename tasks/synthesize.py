@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import polars as pl
@@ -34,17 +32,6 @@ DEDUP_STAGE = "synthesize_dedup"
 
 class SynthesisConfigError(ValueError):
     """The synthesize section asks for something impossible (unknown task, bad level)."""
-
-
-@contextmanager
-def stage_run(name: str, params: dict[str, Any]) -> Iterator[str]:
-    """The active MLflow run, or a new one when the caller has none (e.g. outside a flow)."""
-    active = tracking.current_run_id()
-    if active is not None:
-        yield active
-        return
-    with tracking.tracked_run(name, params=params) as run_id:
-        yield run_id
 
 
 def _in_prefect_flow() -> bool:
@@ -207,7 +194,7 @@ def run_synthesis(wh: Warehouse, cfg: SynthesizeConfig, per_task: int | None = N
             continue
         plan.append((synth_task.name, levels, source))
 
-    with stage_run("synthesize", {"per_task": per_task, "seed": seed, "tasks": json.dumps(names)}) as run_id:
+    with tracking.stage_run("synthesize", {"per_task": per_task, "seed": seed, "tasks": json.dumps(names)}) as run_id:
         results = _generate_all(plan, per_task, seed, cfg.max_draws_per_instance)
         ref = _write_synthesis(wh, results, plan, calibration_ref, run_id)
         counts = {r["task"]: Counter(row["level"] for row in r["rows"]) for r in results}
@@ -247,7 +234,7 @@ def run_calibration(wh: Warehouse, cfg: SynthesizeConfig, solver_base: Solver, s
         parents = (previous,)
     ref = wh.write(CALIBRATION_TABLE, frame, mode="replace", parents=parents)
 
-    with stage_run("calibrate", {"base_solver": base_name, "strong_solver": strong_name}):
+    with tracking.stage_run("calibrate", {"base_solver": base_name, "strong_solver": strong_name}):
         metrics: dict[str, float] = {"tasks": len(new_rows)}
         for row in new_rows:
             metrics[f"{row['task']}.lower_level"] = row["lower_level"]

@@ -16,9 +16,10 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import mlflow
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
@@ -122,6 +123,24 @@ def tracked_run(
             else:
                 os.environ[k] = v
         client.set_terminated(run_id, status=status)
+
+
+@contextmanager
+def stage_run(name: str, params: Mapping[str, Any] | None = None) -> Iterator[str]:
+    """The active run when a flow already opened one (params logged to it), else a new run.
+
+    Task-level entry points use this so they log to their flow's run when called from a
+    flow, and still track themselves when called directly.
+    """
+    active = current_run_id()
+    if active is None:
+        with tracked_run(name, params=params) as run_id:
+            yield run_id
+        return
+    if params:
+        # the flow logged its configured section under "<name>."; these are the values in effect
+        log_params({f"{name}.effective.{k}": v for k, v in params.items()}, run_id=active)
+    yield active
 
 
 def _require_run(run_id: str | None) -> str:

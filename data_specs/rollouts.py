@@ -1,0 +1,60 @@
+"""Tables of the difficulty stage (and RL): sampled completions and per-prompt pass rates."""
+from __future__ import annotations
+
+import polars as pl
+
+from data_specs.base import Column, TableSpec, register
+
+FINISH_REASONS = ("stop", "length", "repetition")
+DIFFICULTY_DECISIONS = ("keep", "too_easy", "unsolved", "unscored")
+
+ROLLOUTS = register(TableSpec(
+    "rollouts", version=1, key=("rollout_id",),
+    description="One row per sampled completion: text, token ids, log-prob summary, reward.",
+    columns=[
+        Column("rollout_id", pl.Utf8, required=True, description="prompt_id:sample index:run"),
+        Column("prompt_id", pl.Utf8, required=True),
+        Column("source_table", pl.Utf8, required=True),
+        Column("domain", pl.Utf8, required=True),
+        Column("sample_index", pl.Int64, required=True, check=lambda c: c >= 0,
+               check_reason="negative_sample_index"),
+        Column("text", pl.Utf8),
+        Column("token_ids", pl.List(pl.Int64)),
+        Column("num_tokens", pl.Int64, required=True, check=lambda c: c >= 0,
+               check_reason="negative_token_count"),
+        Column("logprob_sum", pl.Float64, description="sum of sampled-token log-probs; null if unknown"),
+        Column("logprob_mean", pl.Float64),
+        Column("finish_reason", pl.Utf8, required=True, allowed=FINISH_REASONS),
+        Column("truncated", pl.Boolean, required=True, description="M1 repetition early truncation"),
+        Column("reward", pl.Float64, required=True, check=lambda c: (c >= 0) & (c <= 1),
+               check_reason="reward_outside_0_1"),
+        Column("verify_error", pl.Utf8, description="why the row could not be scored, if so"),
+        Column("backend", pl.Utf8, required=True),
+        Column("model", pl.Utf8, required=True),
+        Column("temperature", pl.Float64),
+        Column("top_p", pl.Float64),
+        Column("seed", pl.Int64),
+        Column("run_id", pl.Utf8),
+    ],
+))
+
+DIFFICULTY = register(TableSpec(
+    "difficulty", version=1, key=("prompt_id", "run_id"),
+    description="Per prompt: samples, correct count, unbiased pass@k and the band decision.",
+    columns=[
+        Column("prompt_id", pl.Utf8, required=True),
+        Column("source_table", pl.Utf8, required=True),
+        Column("domain", pl.Utf8, required=True),
+        Column("n", pl.Int64, required=True, check=lambda c: c >= 0, check_reason="negative_n"),
+        Column("correct", pl.Int64, required=True, check=lambda c: c >= 0, check_reason="negative_correct"),
+        Column("k", pl.Int64),
+        Column("pass_at_k", pl.Float64, check=lambda c: (c >= 0) & (c <= 1), check_reason="pass_at_k_outside_0_1"),
+        Column("pass_at_1", pl.Float64, check=lambda c: (c >= 0) & (c <= 1), check_reason="pass_at_1_outside_0_1"),
+        Column("band_low", pl.Float64),
+        Column("band_high", pl.Float64),
+        Column("truncated", pl.Int64, description="samples cut by the repetition rule"),
+        Column("decision", pl.Utf8, required=True, allowed=DIFFICULTY_DECISIONS),
+        Column("model", pl.Utf8, required=True),
+        Column("run_id", pl.Utf8),
+    ],
+))

@@ -1,0 +1,39 @@
+"""The ``difficulty`` flow: rollouts -> verify -> pass@k -> keep the configured band."""
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.common import flow_context, flow_logger, report_progress
+from tasks.difficulty import DifficultyConfig, run_difficulty
+from tasks.rollout.config import RolloutConfig
+from tasks.rollout.factory import make_backend
+
+
+@flow(name="difficulty", log_prints=True)
+def difficulty_flow(
+    profile: str = "tiny",
+    home: str | None = None,
+    tables: list[str] | None = None,
+    model: str | None = None,
+) -> dict:
+    """Band every prompt of ``tables`` (default: rl_pool and synthetic_tasks) by pass@k."""
+    log = flow_logger()
+    report_progress("difficulty", "start")
+    tables = tables or ["rl_pool", "synthetic_tasks"]
+    params = {"tables": tables, "model": model}
+    with flow_context("difficulty", profile, home, params, sections=("difficulty", "rollout")) as ctx:
+        cfg = ctx.profile.section("difficulty", DifficultyConfig)
+        rollout = ctx.profile.section("rollout", RolloutConfig)
+        chosen_model = model or cfg.model or rollout.model
+        backend = make_backend(rollout.model_copy(update={"model": chosen_model}))
+        log.info("difficulty: sampling %s with %s (n=%d, max_tokens=%d)", tables, chosen_model,
+                 cfg.sampling.n, cfg.sampling.max_tokens)
+        refs = run_difficulty(ctx.wh, cfg, backend, tables=tuple(tables))
+        summary = ctx.wh.sql(
+            "SELECT domain, decision, count(*) AS n FROM difficulty WHERE run_id = ? GROUP BY ALL ORDER BY ALL",
+            [ctx.run_id]) if refs else None
+        counts = {f"{r['domain']}.{r['decision']}": r["n"] for r in summary.iter_rows(named=True)} if summary is not None else {}
+        log.info("difficulty decisions: %s", counts)
+        report_progress("difficulty", "done")
+        return {"mlflow_run_id": ctx.run_id, "tables": ctx.log_outputs(refs), "decisions": counts,
+                "model": chosen_model}

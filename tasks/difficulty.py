@@ -1,0 +1,300 @@
+"""Difficulty filter: sample n completions per prompt, verify them, keep a pass@k band.
+
+M1 kept math problems with 0 < pass@10 < 0.9 under a strong reasoning model, bounded
+synthetic logic tasks by pass rate, and filtered code by sampled pass rate: problems the
+model always solves teach nothing, problems it never solves give no reward signal.
+
+Writes ``rollouts`` (every sample with its reward), ``difficulty`` (per prompt: n,
+correct, pass@k, decision) and ``decisions`` (one row per removed prompt: too_easy or
+unsolved). Rows in = rows kept + rows removed.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import polars as pl
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tasks.rollout.base import Completion, RolloutBackend, SamplingParams
+from tasks.tracking import current_run_id, log_counters, log_figure, log_table, stage_run
+from tasks.verify.passk import pass_at_k
+from tasks.verify.registry import VERIFIERS, synth_task_name, verify_strict
+from tasks.verify.sandbox import SandboxLimits
+from warehouse import TableRef, Warehouse
+
+log = logging.getLogger("posttrain.difficulty")
+STAGE = "difficulty"
+
+
+class Band(BaseModel):
+    """Keep a prompt when low < pass@k < high (strict, as in M1)."""
+
+    model_config = ConfigDict(extra="forbid")
+    k: int = Field(10, ge=1)
+    low: float = Field(0.0, ge=0, le=1)
+    high: float = Field(0.9, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Band:
+        if self.low >= self.high:
+            raise ValueError(f"band low={self.low} must be below high={self.high}")
+        return self
+
+    def decide(self, value: float) -> str:
+        if value <= self.low:
+            return "unsolved"
+        if value >= self.high:
+            return "too_easy"
+        return "keep"
+
+
+class DifficultySampling(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    n: int = Field(16, ge=1, description="samples per prompt (n >= every band's k)")
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(32_768, ge=1)
+    seed: int = 0
+    repetition_window: int | None = Field(3000, ge=1)
+    repetition_prob: float = Field(0.99, gt=0, lt=1)
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(
+            n=self.n, temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
+            seed=self.seed, repetition_window=self.repetition_window,
+            repetition_prob=self.repetition_prob,
+        )
+
+
+DEFAULT_INSTRUCTIONS = {
+    "math": "Please reason step by step, and put your final answer within \\boxed{}.",
+    "code": "Complete the Python function above. Give the whole function in one ```python code block.",
+    "logic": "",
+}
+
+
+class DifficultyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    # The model whose pass rates band the prompts (M1: a strong reasoning model); an alias
+    # ("smol", "tiny-llama") or a path. None: the rollout section's model.
+    model: str | None = None
+    sampling: DifficultySampling = Field(default_factory=DifficultySampling)
+    bands: dict[str, Band] = Field(default_factory=lambda: {
+        "math": Band(k=10, low=0.0, high=0.9),
+        "logic": Band(k=1, low=0.0, high=0.9),
+        "code": Band(k=1, low=0.0, high=0.9),
+    })
+    instructions: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_INSTRUCTIONS))
+    use_chat_template: bool = True
+    max_rows_per_table: int | None = Field(None, ge=1)
+    prompts_per_chunk: int = Field(64, ge=1, description="prompts sent to the backend at once")
+    verify_workers: int = Field(2, ge=1, description="parallel code sandboxes")
+    sandbox_timeout_s: float = Field(10.0, gt=0)
+    sandbox_memory_mb: int = Field(512, ge=64)
+
+    @model_validator(mode="after")
+    def _enough_samples(self) -> DifficultyConfig:
+        for domain, band in self.bands.items():
+            if band.k > self.sampling.n:
+                raise ValueError(f"band {domain!r} needs pass@{band.k} but sampling.n={self.sampling.n}")
+            if domain not in VERIFIERS:
+                raise ValueError(f"band for domain {domain!r}, which has no verifier; known: {sorted(VERIFIERS)}")
+        return self
+
+    def sandbox_limits(self) -> SandboxLimits:
+        seconds = max(1, int(self.sandbox_timeout_s))
+        return SandboxLimits(timeout_s=self.sandbox_timeout_s, cpu_s=seconds, memory_mb=self.sandbox_memory_mb)
+
+
+@dataclass
+class ScoredSample:
+    completion: Completion
+    reward: float
+    error: str | None
+
+
+# -- small steps ----------------------------------------------------------------------------
+
+def row_id(row: dict) -> str:
+    for key in ("id", "instance_id", "prompt_id"):
+        if row.get(key):
+            return str(row[key])
+    raise ValueError(f"row has no id column (id / instance_id / prompt_id): keys {sorted(row)}")
+
+
+def row_domain(row: dict) -> str:
+    if row.get("domain"):
+        return str(row["domain"])
+    return "logic" if synth_task_name(row) else "general"
+
+
+def render_prompt(row: dict, domain: str, cfg: DifficultyConfig, backend: RolloutBackend) -> str:
+    instruction = cfg.instructions.get(domain, "")
+    content = f"{row['prompt']}\n\n{instruction}" if instruction else row["prompt"]
+    if not cfg.use_chat_template:
+        return content
+    return backend.format_chat([{"role": "user", "content": content}])
+
+
+def score_samples(
+    domain: str, row: dict, completions: list[Completion], limits: SandboxLimits, pool: ThreadPoolExecutor
+) -> list[ScoredSample]:
+    def one(completion: Completion) -> ScoredSample:
+        try:
+            return ScoredSample(completion, verify_strict(domain, row, completion.text, limits), None)
+        except Exception as e:  # noqa: BLE001 - a row that cannot be scored scores 0, with a reason
+            return ScoredSample(completion, 0.0, f"{type(e).__name__}: {e}"[:500])
+
+    if domain == "code":  # sandboxes are subprocess-bound: run them side by side
+        return list(pool.map(one, completions))
+    return [one(c) for c in completions]
+
+
+def pass_rates(samples: list[ScoredSample], k: int) -> tuple[int, int, float, float]:
+    n = len(samples)
+    correct = sum(1 for s in samples if s.reward >= 1.0)
+    return n, correct, pass_at_k(n, correct, k), pass_at_k(n, correct, 1)
+
+
+def rollout_rows(pid, table, domain, samples, params, backend, run_id) -> list[dict]:
+    rows = []
+    for index, sample in enumerate(samples):
+        c = sample.completion
+        logprob_sum = float(sum(c.logprobs)) if c.logprobs else None
+        rows.append({
+            "rollout_id": f"{pid}:{index}:{run_id}",
+            "prompt_id": pid, "source_table": table, "domain": domain, "sample_index": index,
+            "text": c.text, "token_ids": list(c.token_ids), "num_tokens": len(c.token_ids),
+            "logprob_sum": logprob_sum,
+            "logprob_mean": logprob_sum / len(c.logprobs) if c.logprobs else None,
+            "finish_reason": c.finish_reason, "truncated": c.truncated, "reward": float(sample.reward),
+            "verify_error": sample.error, "backend": backend.name,
+            "model": getattr(backend, "model_name", backend.name),
+            "temperature": params.temperature, "top_p": params.top_p, "seed": params.seed,
+            "run_id": run_id,
+        })
+    return rows
+
+
+def pass_rate_histogram(difficulty: pl.DataFrame):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    scored = difficulty.filter(pl.col("decision") != "unscored")
+    for domain in sorted(scored.get_column("domain").unique().to_list()):
+        values = scored.filter(pl.col("domain") == domain).get_column("pass_at_k").to_list()
+        ax.hist(values, bins=20, range=(0, 1), alpha=0.6, label=domain)
+    ax.set_xlabel("pass@k")
+    ax.set_ylabel("prompts")
+    ax.set_title("difficulty: pass@k per prompt")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+# -- the stage --------------------------------------------------------------------------------
+
+def _process_table(wh, table, cfg, backend, params, limits, pool, run_id):
+    df = wh.read(table)
+    if cfg.max_rows_per_table is not None:
+        df = df.head(cfg.max_rows_per_table)
+    rows = df.to_dicts()
+    scored = [r for r in rows if row_domain(r) in cfg.bands]
+    rollouts, difficulty, decisions = [], [], []
+    model = getattr(backend, "model_name", backend.name)
+    for r in rows:
+        if row_domain(r) not in cfg.bands:  # no verifier for it: passed through untouched
+            difficulty.append({"prompt_id": row_id(r), "source_table": table, "domain": row_domain(r),
+                               "n": 0, "correct": 0, "decision": "unscored", "model": model, "run_id": run_id})
+    for start in range(0, len(scored), cfg.prompts_per_chunk):
+        chunk = scored[start:start + cfg.prompts_per_chunk]
+        prompts = [render_prompt(r, row_domain(r), cfg, backend) for r in chunk]
+        outputs = backend.generate(prompts, params)
+        for r, completions in zip(chunk, outputs):
+            pid, domain, band = row_id(r), row_domain(r), cfg.bands[row_domain(r)]
+            samples = score_samples(domain, r, completions, limits, pool)
+            n, correct, value, pass1 = pass_rates(samples, band.k)
+            decision = band.decide(value)
+            rollouts.extend(rollout_rows(pid, table, domain, samples, params, backend, run_id))
+            difficulty.append({
+                "prompt_id": pid, "source_table": table, "domain": domain, "n": n, "correct": correct,
+                "k": band.k, "pass_at_k": value, "pass_at_1": pass1, "band_low": band.low,
+                "band_high": band.high, "truncated": sum(s.completion.truncated for s in samples),
+                "decision": decision, "model": model, "run_id": run_id,
+            })
+            if decision != "keep":
+                decisions.append({"row_id": pid, "stage": STAGE, "decision": "removed", "reason": decision,
+                                  "reference_id": f"{table}:pass@{band.k}", "score": value, "run_id": run_id})
+        log.info("difficulty %s: %d/%d prompts sampled and verified", table, start + len(chunk), len(scored))
+    return rollouts, difficulty, decisions
+
+
+def _frame(rows: list[dict], name: str) -> pl.DataFrame:
+    from data_specs import get_spec
+
+    spec = get_spec(name)
+    return spec.conform(pl.DataFrame(rows, infer_schema_length=None)) if rows else spec.empty()
+
+
+def run_difficulty(
+    wh: Warehouse,
+    cfg: DifficultyConfig,
+    backend: RolloutBackend,
+    tables: tuple[str, ...] = ("rl_pool", "synthetic_tasks"),
+) -> dict[str, TableRef]:
+    """Sample, verify and band every row of ``tables``; returns refs of the tables written."""
+    params = cfg.sampling.params()
+    limits = cfg.sandbox_limits()
+    present = [t for t in tables if wh.exists(t)]
+    inputs = [wh.latest(t) for t in present]
+    with stage_run(STAGE, params={"difficulty": cfg.model_dump(), "backend": backend.name,
+                                    "model": getattr(backend, "model_name", backend.name)}) as mlflow_run:
+        run_id = mlflow_run or current_run_id() or uuid.uuid4().hex
+        for ref in inputs:
+            log_table(ref, context="input")
+        all_rollouts, all_difficulty, all_decisions = [], [], []
+        with ThreadPoolExecutor(max_workers=cfg.verify_workers) as pool:
+            for table in present:
+                r, d, x = _process_table(wh, table, cfg, backend, params, limits, pool, run_id)
+                all_rollouts += r
+                all_difficulty += d
+                all_decisions += x
+        refs = {
+            "rollouts": wh.write("rollouts", _frame(all_rollouts, "rollouts"), mode="append", parents=inputs),
+            "difficulty": wh.write("difficulty", _frame(all_difficulty, "difficulty"), mode="append", parents=inputs),
+            "decisions": wh.write("decisions", _frame(all_decisions, "decisions"), mode="append", parents=inputs),
+        }
+        for ref in refs.values():
+            log_table(ref, context="output")
+        difficulty_df = _frame(all_difficulty, "difficulty")
+        counts = difficulty_df.group_by("decision").len()
+        log_counters({row["decision"]: row["len"] for row in counts.to_dicts()}
+                     | {"rows_in": len(all_difficulty), "rollouts": len(all_rollouts),
+                        "truncated": sum(1 for x in all_rollouts if x["truncated"])}, prefix=STAGE)
+        if difficulty_df.height:
+            log_figure(pass_rate_histogram(difficulty_df), "plots/difficulty_pass_rates.png")
+    return refs
+
+
+def kept_prompt_ids(wh: Warehouse, run_id: str | None = None) -> pl.DataFrame:
+    """Prompts the latest (or given) difficulty run kept: what the next stages consume."""
+    df = wh.read("difficulty")
+    if run_id is None and df.height:
+        run_id = df.get_column("run_id").tail(1).item()
+    return df.filter((pl.col("run_id") == run_id) & pl.col("decision").is_in(["keep", "unscored"]))
+
+
+__all__ = [
+    "Band",
+    "DifficultyConfig",
+    "DifficultySampling",
+    "kept_prompt_ids",
+    "pass_rate_histogram",
+    "run_difficulty",
+]

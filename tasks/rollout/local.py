@@ -1,0 +1,275 @@
+"""Local rollout backend: our own batched sampler over any causal LM, on CPU or GPU.
+
+Why not ``model.generate``: rollouts need per-token log-probs of the sampled tokens, the M1
+repetition rule applied while generating, and a batch that shrinks as sequences finish
+(the KV cache is compacted, so finished rows stop costing compute). The loop is:
+left-padded prefill over the batch, then one token per step reusing ``past_key_values``.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tasks.rollout.base import Completion, SamplingParams
+from tasks.rollout.chat import render_with_tokenizer
+from tasks.rollout.config import LocalConfig
+from tasks.rollout.repetition import RepetitionTracker
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _register_inhouse_models() -> None:
+    """Importing ``model`` registers the in-house architecture with AutoModelForCausalLM."""
+    try:
+        import model  # noqa: F401
+    except ImportError:
+        pass
+
+
+def load_causal_lm(path: str | Path, dtype: str = "float32", device: str = "cpu"):
+    """Load (model, tokenizer) from a Hugging Face model directory or a .gguf file."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _register_inhouse_models()
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"model path does not exist: {path}")
+    if path.is_file() and path.suffix == ".gguf":
+        # transformers dequantizes GGUF weights to full precision; the quantizer object it
+        # leaves behind only gets in the way of later save/generate calls.
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=_DTYPES[dtype]
+        )
+        model.hf_quantizer = None
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+    return model.to(device).eval(), tokenizer
+
+
+def sample_next_token(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; return (token ids, their log-probs).
+
+    The log-prob is taken under the temperature-scaled distribution before top-p
+    renormalization, i.e. the behaviour policy an RL importance ratio compares against.
+    Temperature 0 means greedy decoding, and the log-prob is then the model's own.
+    """
+    logits = logits.float()
+    if temperature == 0:
+        logprobs = torch.log_softmax(logits, dim=-1)
+        tokens = logprobs.argmax(dim=-1)
+        return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+    probs = logprobs.exp()
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # Drop a token once the mass strictly before it already reaches top_p; the most
+        # likely token is always kept.
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+@dataclass
+class _Sequence:
+    prompt_index: int
+    prompt_ids: list[int]
+
+
+class LocalBackend:
+    """Batched sampling with a KV cache for a local causal LM (HF dir, GGUF, in-house)."""
+
+    name = "local"
+
+    def __init__(self, model, tokenizer, config: LocalConfig | None = None):
+        self.config = config or LocalConfig()
+        if self.config.threads:
+            torch.set_num_threads(self.config.threads)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.pad_id = self._pad_token_id()
+        self.eos_ids = self._eos_token_ids()
+        forward_args = inspect.signature(model.forward).parameters
+        self._accepts_position_ids = "position_ids" in forward_args
+        self._accepts_logits_to_keep = "logits_to_keep" in forward_args
+        # transformers 5.x renamed past_key_values to cache; older models keep the old name.
+        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+
+    @classmethod
+    def from_path(cls, path: str | Path, config: LocalConfig | None = None) -> LocalBackend:
+        config = config or LocalConfig()
+        model, tokenizer = load_causal_lm(path, dtype=config.dtype, device=config.device)
+        return cls(model, tokenizer, config)
+
+    # -- RolloutBackend -------------------------------------------------------------------
+    def format_chat(self, messages: list[dict[str, str]]) -> str:
+        return render_with_tokenizer(self.tokenizer, messages)
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Completion]]:
+        sequences = [
+            _Sequence(i, ids)
+            for i, ids in enumerate(self._encode_prompts(prompts))
+            for _ in range(params.n)
+        ]
+        # Similar lengths share a batch so left padding wastes little compute.
+        order = sorted(range(len(sequences)), key=lambda s: -len(sequences[s].prompt_ids))
+        generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        results: list[Completion | None] = [None] * len(sequences)
+        batch_size = self.config.batch_size
+        for start in range(0, len(order), batch_size):
+            batch = order[start : start + batch_size]
+            completions = self._sample_batch([sequences[s].prompt_ids for s in batch], params, generator)
+            for s, completion in zip(batch, completions):
+                results[s] = completion
+        grouped: list[list[Completion]] = [[] for _ in prompts]
+        for sequence, completion in zip(sequences, results):
+            grouped[sequence.prompt_index].append(completion)
+        return grouped
+
+    # -- internals ------------------------------------------------------------------------
+    def _pad_token_id(self) -> int:
+        tok = self.tokenizer
+        for candidate in (tok.pad_token_id, tok.eos_token_id, 0):
+            if candidate is not None:
+                return int(candidate)
+        return 0
+
+    def _eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif gen_eos:
+            ids.update(int(e) for e in gen_eos)
+        return ids
+
+    def _encode_prompts(self, prompts: list[str]) -> list[list[int]]:
+        bos = self.tokenizer.bos_token
+        encoded = []
+        for prompt in prompts:
+            # Chat templates already start with BOS; adding it again shifts the model.
+            add_special = not (bos and prompt.startswith(bos))
+            ids = self.tokenizer(prompt, add_special_tokens=add_special)["input_ids"]
+            if not ids:
+                ids = [self.pad_id if self.tokenizer.bos_token_id is None else self.tokenizer.bos_token_id]
+            encoded.append(list(ids))
+        return encoded
+
+    def _forward(self, input_ids, attention_mask, position_ids, past, prefill: bool):
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=True)
+        if past is not None:
+            kwargs[self._cache_arg] = past
+        if self._accepts_position_ids:
+            kwargs["position_ids"] = position_ids
+        if prefill and self._accepts_logits_to_keep:
+            kwargs["logits_to_keep"] = 1  # the prompt's other logits are never used
+        out = self.model(**kwargs)
+        cache = getattr(out, "cache", None)
+        return out.logits[:, -1, :], cache if cache is not None else out.past_key_values
+
+    @torch.inference_mode()
+    def _sample_batch(
+        self, prompt_ids: list[list[int]], params: SamplingParams, generator: torch.Generator
+    ) -> list[Completion]:
+        device, batch = self.device, len(prompt_ids)
+        width = max(len(p) for p in prompt_ids)
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long, device=device)
+        attention_mask = torch.zeros((batch, width), dtype=torch.long, device=device)
+        for row, ids in enumerate(prompt_ids):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[row, width - len(ids) :] = 1
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+        max_new = params.max_tokens
+        out_tokens = torch.full((batch, max_new), self.pad_id, dtype=torch.long, device=device)
+        out_logprobs = torch.zeros((batch, max_new), dtype=torch.float32, device=device)
+        lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        finish = ["length"] * batch
+        alive = torch.arange(batch, device=device)  # original row of each live batch slot
+        tracker = RepetitionTracker(batch, params.repetition_window, params.repetition_prob, device)
+        eos = torch.tensor(sorted(self.eos_ids) or [-1], device=device)
+        stop_tail = max((len(s) for s in params.stop), default=0) + 8
+
+        logits, past = self._forward(input_ids, attention_mask, position_ids, None, prefill=True)
+        next_position = position_ids[:, -1:] + 1
+        # Caches that cannot drop rows keep finished rows in the batch, masked out here.
+        can_compact = hasattr(past, "batch_select_indices")
+        active = torch.ones(batch, dtype=torch.bool, device=device)
+        for step in range(max_new):
+            tokens, logprobs = sample_next_token(logits, params.temperature, params.top_p, generator)
+            rows = alive[active]
+            out_tokens[rows, step] = tokens[active]
+            out_logprobs[rows, step] = logprobs[active]
+            lengths[rows] = step + 1
+
+            done = self._finished_slots(tokens, logprobs, eos, tracker, alive, active, finish)
+            if params.stop:
+                self._mark_stop_strings(done, active, alive, out_tokens, step, stop_tail, params, finish)
+            active &= ~done
+            if step + 1 == max_new or not bool(active.any()):
+                break
+            if can_compact and bool(done.any()):
+                keep = active.nonzero().flatten()
+                alive, tokens, next_position = alive[keep], tokens[keep], next_position[keep]
+                attention_mask, active = attention_mask[keep], active[keep]
+                tracker.select(keep)
+                past.batch_select_indices(keep)
+            attention_mask = torch.cat(
+                [attention_mask, active[:, None].long()], dim=1
+            )
+            logits, past = self._forward(tokens[:, None], attention_mask, next_position, past, prefill=False)
+            next_position = next_position + 1
+
+        return [
+            self._completion(out_tokens[row, : lengths[row]].tolist(),
+                             out_logprobs[row, : lengths[row]].tolist(), finish[row], params)
+            for row in range(batch)
+        ]
+
+    def _finished_slots(self, tokens, logprobs, eos, tracker, alive, active, finish) -> torch.Tensor:
+        """EOS or M1 repetition, per batch slot; records the finish reason of each."""
+        done = torch.isin(tokens, eos) & active
+        repeated = tracker.update(logprobs) & active & ~done
+        for slot in repeated.nonzero().flatten().tolist():
+            finish[alive[slot].item()] = "repetition"
+        for slot in done.nonzero().flatten().tolist():
+            finish[alive[slot].item()] = "stop"
+        return done | repeated
+
+    def _mark_stop_strings(self, done, active, alive, out_tokens, step, stop_tail, params, finish) -> None:
+        """A stop string may span tokens, so the tail of each live sequence is decoded."""
+        for slot in (active & ~done).nonzero().flatten().tolist():
+            row = alive[slot].item()
+            tail_ids = out_tokens[row, max(0, step + 1 - stop_tail) : step + 1].tolist()
+            tail = self.tokenizer.decode(tail_ids, skip_special_tokens=True)
+            if any(s in tail for s in params.stop):
+                done[slot] = True
+                finish[row] = "stop"
+
+    def _completion(
+        self, token_ids: list[int], logprobs: list[float], finish_reason: str, params: SamplingParams
+    ) -> Completion:
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        if params.stop:
+            # OpenAI convention: the text ends before the stop string; token ids keep it.
+            cuts = [text.find(s) for s in params.stop if s in text]
+            if cuts:
+                text = text[: min(cuts)]
+                finish_reason = "stop" if finish_reason != "repetition" else finish_reason
+        return Completion(
+            text=text,
+            token_ids=token_ids,
+            logprobs=logprobs if params.logprobs else None,
+            finish_reason=finish_reason,
+        )
