@@ -1,0 +1,60 @@
+"""Judge prompt templates: five-grade answer consistency and pairwise comparison.
+
+Both ask for reasoning first and a bracketed verdict last (``[[4]]``, ``[[-1]]``): the
+brackets make the verdict easy to find in free text and hard to produce by accident.
+"""
+from __future__ import annotations
+
+GRADE_TEMPLATE = """You are grading a response against the ground-truth answer of a problem.
+
+[Problem]
+{question}
+
+[Ground-truth answer]
+{ground_truth}
+
+[Response]
+{response}
+
+Judge only whether the response's final answer is consistent with the ground truth.
+Use this five-grade scale:
+5 - fully consistent: same final answer, stated clearly
+4 - consistent final answer, minor presentation issues
+3 - partially consistent: incomplete, or correct only up to a small slip
+2 - mostly inconsistent: wrong final answer with some correct steps
+1 - inconsistent, missing or off-topic
+Explain briefly, then end with the grade in double brackets, e.g. [[5]]."""
+
+PAIRWISE_TEMPLATE = """You are comparing two answers to the same request.
+
+[Request]
+{question}
+
+[Answer 1]
+{first}
+
+[Answer 2]
+{second}
+
+Decide whether Answer 2 is worse than, similar to, or better than Answer 1 in
+helpfulness, correctness and how well it follows the request.
+Explain briefly, then end with exactly one verdict in double brackets:
+[[-1]] if Answer 2 is worse, [[0]] if they are similar, [[1]] if Answer 2 is better."""
+
+
+def clip(text: str | None, max_chars: int) -> str:
+    """Long candidates are cut (with a marker) so one answer cannot crowd out the other."""
+    text = "" if text is None else str(text)
+    if len(text) <= max_chars:
+        return text
+    return text[:max_chars] + "\n[... truncated]"
+
+
+def grade_prompt(question: str, ground_truth: str, response: str, max_chars: int) -> str:
+    return GRADE_TEMPLATE.format(question=clip(question, max_chars), ground_truth=clip(ground_truth, max_chars),
+                                 response=clip(response, max_chars))
+
+
+def pairwise_prompt(question: str, first: str, second: str, max_chars: int) -> str:
+    return PAIRWISE_TEMPLATE.format(question=clip(question, max_chars), first=clip(first, max_chars),
+                                    second=clip(second, max_chars))

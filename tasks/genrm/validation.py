@@ -1,0 +1,294 @@
+"""GenRM validation: accuracy on a labelled judge benchmark and the Best-of-N vs pass@N gap.
+
+The benchmark is built from verifiable data where the right label is known: a math prompt
+with its gold answer yields a correct response and a perturbed wrong one (the wrong final
+answer is checked with math-verify to really differ), as one pairwise item (order drawn at
+random, so position bias cannot score) and two grade items. Users add labelled files:
+
+  pairwise rows: prompt, first (or response_a / reference), second (or response_b / response),
+                 label: -1 / 0 / 1 (Answer 2 vs Answer 1) or "first" / "tie" / "second"
+  grade rows:    prompt, ground_truth (or answer), response, label: 1 / 0 (or true/false,
+                 "correct"/"wrong")
+
+Bad rows go to ``quarantine`` with file, line, field and reason. The BoN check samples N
+answers per math prompt, lets the GenRM pick the best by its five-grade reward and compares
+how often that pick is right (BoN) with how often any of the N is right (pass@N).
+"""
+from __future__ import annotations
+
+import logging
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from data_specs import get_spec
+from tasks.genrm.config import ReferencesConfig
+from tasks.genrm.judge import GenRMJudge, GradeRequest, PairRequest
+from tasks.genrm.references import judgment_rows
+from tasks.ingest import RawRecord, expand_paths, read_records, stable_id
+from tasks.rollout.base import RolloutBackend
+from tasks.verify.math import math_equal, verify_math
+from tasks.verify.passk import pass_at_k
+from warehouse import TableRef, Warehouse
+
+log = logging.getLogger("posttrain.genrm.validation")
+ORIGIN_MATH = "math_perturbed"
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_PAIR_FIELDS = {"first": ("first", "response_a", "reference", "chosen_first"),
+                "second": ("second", "response_b", "response", "candidate")}
+_LABEL_WORDS = {"first": -1, "a": -1, "tie": 0, "similar": 0, "second": 1, "b": 1,
+                "correct": 1, "true": 1, "yes": 1, "wrong": 0, "incorrect": 0, "false": 0, "no": 0}
+
+
+# -- building the benchmark ----------------------------------------------------------------
+
+def perturb_answer(gold: str, rng: random.Random) -> str | None:
+    """A nearby wrong answer: shift the last number in the gold answer, or None if that fails."""
+    matches = list(_NUMBER.finditer(gold))
+    if matches:
+        m = matches[-1]
+        number = float(m.group()) if "." in m.group() else int(m.group())
+        shifted = number + rng.choice([1, 2, 3, -1, -2, 10])
+        wrong = gold[:m.start()] + (f"{shifted:g}" if isinstance(shifted, float) else str(shifted)) + gold[m.end():]
+    else:
+        wrong = f"{gold} + 1"
+    return None if math_equal(gold, wrong) else wrong
+
+
+def boxed_response(answer: str) -> str:
+    return f"Working through the problem step by step gives the result.\nThe final answer is \\boxed{{{answer}}}."
+
+
+def math_benchmark_items(prompts: pl.DataFrame, n_items: int, seed: int) -> list[dict]:
+    """Pairwise and grade items from math prompts with gold answers."""
+    rng = random.Random(seed)
+    rows = prompts.filter((pl.col("domain") == "math") & pl.col("answer").is_not_null()).sort("id")
+    items = []
+    for row in rows.iter_rows(named=True):
+        if len(items) >= 3 * n_items:
+            break
+        gold = str(row["answer"]).strip()
+        wrong = perturb_answer(gold, rng) if gold else None
+        if wrong is None:
+            continue
+        right, bad = boxed_response(gold), boxed_response(wrong)
+        correct_second = rng.random() < 0.5
+        first, second = (bad, right) if correct_second else (right, bad)
+        base = {"origin": ORIGIN_MATH, "prompt": row["prompt"], "source_id": row["id"], "file": None, "line": None}
+        items.append({**base, "item_id": stable_id(ORIGIN_MATH, row["id"], "pair"), "kind": "pairwise",
+                      "ground_truth": gold, "first": first, "second": second, "label": 1 if correct_second else -1})
+        for tag, response, label in (("right", right, 1), ("wrong", bad, 0)):
+            items.append({**base, "item_id": stable_id(ORIGIN_MATH, row["id"], tag), "kind": "grade",
+                          "ground_truth": gold, "first": None, "second": response, "label": label})
+    return items
+
+
+def _first_field(data: dict, names: Sequence[str]) -> tuple[str | None, Any]:
+    for name in names:
+        if data.get(name) is not None:
+            return name, data[name]
+    return None, None
+
+
+def _label(value: Any, kind: str) -> int:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)) and float(value).is_integer():
+        label = int(value)
+    elif isinstance(value, str) and value.strip().lower() in _LABEL_WORDS:
+        label = _LABEL_WORDS[value.strip().lower()]
+    elif isinstance(value, str) and re.fullmatch(r"[+-]?\d", value.strip()):
+        label = int(value.strip())
+    else:
+        raise ValueError(f"label {value!r} is not a recognised label")
+    allowed = (-1, 0, 1) if kind == "pairwise" else (0, 1)
+    if label not in allowed:
+        raise ValueError(f"{kind} label must be one of {allowed}, got {label}")
+    return label
+
+
+class _RowError(ValueError):
+    def __init__(self, field_name: str, reason: str):
+        super().__init__(reason)
+        self.field = field_name
+
+
+def labelled_item(rec: RawRecord, origin: str) -> dict:
+    """One user benchmark row, or _RowError naming the field at fault."""
+    data = rec.data or {}
+    _, prompt = _first_field(data, ("prompt", "question", "instruction"))
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise _RowError("prompt", "missing_required_field")
+    f_name, first = _first_field(data, _PAIR_FIELDS["first"])
+    s_name, second = _first_field(data, _PAIR_FIELDS["second"])
+    _, truth = _first_field(data, ("ground_truth", "answer", "gold"))
+    kind = "grade" if truth is not None and first is None else "pairwise"
+    if "label" not in data or data["label"] is None:
+        raise _RowError("label", "missing_required_field")
+    try:
+        label = _label(data["label"], kind)
+    except ValueError as e:
+        raise _RowError("label", f"bad_label: {e}") from None
+    if second is None or not str(second).strip():
+        raise _RowError(s_name or "second", "missing_required_field")
+    if kind == "pairwise" and (first is None or not str(first).strip()):
+        raise _RowError(f_name or "first", "missing_required_field")
+    return {"item_id": stable_id(origin, str(rec.line), prompt, str(first), str(second)), "origin": origin,
+            "kind": kind, "prompt": prompt, "ground_truth": None if truth is None else str(truth),
+            "first": None if first is None else str(first), "second": str(second), "label": label,
+            "source_id": None, "file": rec.file, "line": rec.line}
+
+
+def labelled_file_items(paths: Sequence[str | Path], run_id: str | None) -> tuple[list[dict], list[dict]]:
+    """(benchmark items, quarantine rows) from user label files; one bad row never stops a file."""
+    items, bad = [], []
+    for path in expand_paths(paths):
+        origin = re.sub(r"[^a-z0-9_]+", "_", Path(path).stem.lower()).strip("_") or "labelled"
+        for rec in read_records(path):
+            reason, field_name = rec.reason, rec.field
+            if reason is None:
+                try:
+                    items.append(labelled_item(rec, origin))
+                    continue
+                except _RowError as e:
+                    reason, field_name = str(e), e.field
+            bad.append({"source": f"judge_benchmark:{origin}", "file": rec.file, "line": rec.line,
+                        "field": field_name, "reason": reason, "raw": rec.raw[:2000], "run_id": run_id})
+    return items, bad
+
+
+def build_judge_benchmark(wh: Warehouse, cfg: ReferencesConfig, labelled_files: Sequence[str] = (),
+                          run_id: str | None = None) -> tuple[TableRef, int]:
+    """Write ``judge_benchmark`` (replace): math-derived items plus user-labelled files."""
+    spec = get_spec("judge_benchmark")
+    items = []
+    parents = []
+    if wh.exists("prompts") and cfg.validation.math_items:
+        items += math_benchmark_items(wh.read("prompts"), cfg.validation.math_items, cfg.validation.seed)
+        parents.append(wh.latest("prompts"))
+    user_items, bad = labelled_file_items(list(cfg.validation.labelled_files) + list(labelled_files), run_id)
+    items += user_items
+    if bad:
+        wh.write("quarantine", pl.DataFrame(bad, schema=get_spec("quarantine").schema), mode="append")
+        log.warning("judge benchmark: %d labelled row(s) quarantined", len(bad))
+    df = spec.conform(pl.DataFrame(items, schema=spec.schema)) if items else spec.empty()
+    return wh.write("judge_benchmark", df.unique("item_id", keep="first", maintain_order=True),
+                    parents=parents), len(bad)
+
+
+# -- scoring the judge ---------------------------------------------------------------------
+
+@dataclass
+class ValidationResult:
+    metrics: dict[str, float] = field(default_factory=dict)
+    judgments: list[dict] = field(default_factory=list)
+
+
+def judge_accuracy(judge: GenRMJudge, benchmark: pl.DataFrame, run_id: str | None) -> ValidationResult:
+    """Pairwise accuracy (verdict == label) and grade accuracy ((reward >= 0.5) == label).
+
+    An unreadable verdict counts as wrong: a judge that cannot answer is not accurate.
+    """
+    result = ValidationResult()
+    pairs = benchmark.filter(pl.col("kind") == "pairwise").to_dicts()
+    grades = benchmark.filter(pl.col("kind") == "grade").to_dicts()
+    if pairs:
+        decisions = judge.compare([PairRequest(r["prompt"], r["first"], r["second"]) for r in pairs])
+        hits = [d.verdict == r["label"] for r, d in zip(pairs, decisions)]
+        result.metrics["pairwise_accuracy"] = sum(hits) / len(hits)
+        result.metrics["pairwise_unreadable"] = sum(d.verdict is None for d in decisions) / len(decisions)
+        result.metrics["pairwise_items"] = float(len(pairs))
+        for r, d in zip(pairs, decisions):
+            result.judgments += judgment_rows(d.samples, run_id=run_id, context="benchmark", kind="pairwise",
+                                              prompt_id=r["item_id"], match_id=None, first_id="first",
+                                              second_id="second", judge_model=judge.model_name)
+    if grades:
+        decisions = judge.grade([GradeRequest(r["prompt"], r["ground_truth"] or "", r["second"]) for r in grades])
+        hits = [d.reward is not None and (d.reward >= 0.5) == bool(r["label"]) for r, d in zip(grades, decisions)]
+        result.metrics["grade_accuracy"] = sum(hits) / len(hits)
+        result.metrics["grade_unreadable"] = sum(d.reward is None for d in decisions) / len(decisions)
+        result.metrics["grade_items"] = float(len(grades))
+        for r, d in zip(grades, decisions):
+            result.judgments += judgment_rows(d.samples, run_id=run_id, context="benchmark", kind="grade",
+                                              prompt_id=r["item_id"], match_id=None, first_id="response",
+                                              second_id=None, judge_model=judge.model_name)
+    scored = [result.metrics.get("pairwise_accuracy"), result.metrics.get("grade_accuracy")]
+    weights = [float(len(pairs)), float(len(grades))]
+    if any(w for w in weights):
+        result.metrics["accuracy"] = sum((a or 0.0) * w for a, w in zip(scored, weights)) / sum(weights)
+    return result
+
+
+def best_of_n_choice(rewards: Sequence[float | None], rng: random.Random) -> int:
+    """Index of the highest reward; ties (and all-unreadable) broken by a seeded draw."""
+    values = [r if r is not None else float("-inf") for r in rewards]
+    top = max(values)
+    return rng.choice([i for i, v in enumerate(values) if v == top])
+
+
+def best_of_n_gap(judge: GenRMJudge, prompts: pl.DataFrame, backend: RolloutBackend | None,
+                  cfg: ReferencesConfig, run_id: str | None) -> ValidationResult:
+    """BoN accuracy (the GenRM's pick is right), pass@N (any of N is right) and their gap."""
+    v = cfg.validation
+    result = ValidationResult()
+    rows = prompts.filter((pl.col("domain") == "math") & pl.col("answer").is_not_null()).sort("id") \
+        .head(v.bon_prompts).to_dicts()
+    constructed = 2 if v.bon_include_constructed else 0
+    sampled = v.bon_n - constructed
+    if not rows or (sampled > 0 and backend is None):
+        log.warning("BoN check skipped: %s", "no math prompts with answers" if not rows else "no candidate backend")
+        return result
+    rng = random.Random(v.seed)
+    candidates: list[list[str]] = [[] for _ in rows]
+    if sampled > 0:
+        rendered = [backend.format_chat([{"role": "user", "content": r["prompt"]}]) for r in rows]
+        policy = next(s for s in cfg.candidates if s.kind == "backend")
+        params = policy.rollout.sampling_params(n=sampled, seed=v.seed)
+        candidates = [[c.text for c in outs] for outs in backend.generate(rendered, params)]
+    if constructed:
+        for r, cands in zip(rows, candidates):
+            wrong = perturb_answer(str(r["answer"]), rng) or f"{r['answer']} + 1"
+            cands += [boxed_response(str(r["answer"])), boxed_response(wrong)]
+            rng.shuffle(cands)
+    requests = [GradeRequest(r["prompt"], str(r["answer"]), text) for r, cands in zip(rows, candidates) for text in cands]
+    decisions = iter(judge.grade(requests))
+    bon_hits, pass_hits = 0, 0
+    for r, cands in zip(rows, candidates):
+        graded = [next(decisions) for _ in cands]
+        correct = [verify_math(str(r["answer"]), text) >= 1.0 for text in cands]
+        bon_hits += correct[best_of_n_choice([d.reward for d in graded], rng)]
+        pass_hits += pass_at_k(len(cands), sum(correct), len(cands))
+        for i, d in enumerate(graded):
+            result.judgments += judgment_rows(d.samples, run_id=run_id, context="bon", kind="grade",
+                                              prompt_id=str(r["id"]), match_id=None, first_id=f"bon:{i}",
+                                              second_id=None, judge_model=judge.model_name)
+    result.metrics = {"bon_accuracy": bon_hits / len(rows), "pass_at_n": pass_hits / len(rows),
+                      "bon_gap": (pass_hits - bon_hits) / len(rows), "bon_prompts": float(len(rows)),
+                      "bon_n": float(v.bon_n)}
+    return result
+
+
+def run_judge_validation(wh: Warehouse, cfg: ReferencesConfig, judge: GenRMJudge,
+                         candidate_backends: dict[str, RolloutBackend] | None = None,
+                         labelled_files: Sequence[str] = (), run_id: str | None = None) -> tuple[dict[str, float], dict[str, TableRef]]:
+    """Build the benchmark, score the judge on it, run the BoN check; store every judgment."""
+    bench_ref, quarantined = build_judge_benchmark(wh, cfg, labelled_files, run_id)
+    accuracy = judge_accuracy(judge, wh.read_ref(bench_ref), run_id)
+    metrics = dict(accuracy.metrics, benchmark_items=float(bench_ref.rows), quarantined=float(quarantined))
+    judgments = accuracy.judgments
+    if wh.exists("prompts") and cfg.validation.bon_prompts:
+        policy = next((s.name for s in cfg.candidates if s.kind == "backend"), None)
+        backend = (candidate_backends or {}).get(policy) if policy else None
+        bon = best_of_n_gap(judge, wh.read("prompts"), backend, cfg, run_id)
+        metrics.update(bon.metrics)
+        judgments += bon.judgments
+    spec = get_spec("judgments")
+    frame = spec.conform(pl.DataFrame(judgments, schema=spec.schema)) if judgments else spec.empty()
+    refs = {"judge_benchmark": bench_ref,
+            "judgments": wh.write("judgments", frame, mode="append", parents=[bench_ref])}
+    return metrics, refs

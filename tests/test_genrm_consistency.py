@@ -1,0 +1,156 @@
+"""Multiple-blind votes, position switching and the disagreement policy, on a ScriptedJudge."""
+from tasks.genrm.config import ConsistencyConfig
+from tasks.genrm.consistency import (
+    BACKWARD,
+    FORWARD,
+    Vote,
+    blind_grade,
+    blind_vote,
+    combine_orders,
+    judge_pairs_consistently,
+)
+from tasks.genrm.judge import Constraints, constraint_failures, rule_decision
+from tasks.genrm.parse import parse_pairwise
+
+
+class ScriptedJudge:
+    """Test fake: raw judge outputs scripted per (pair, order, attempt); records every query."""
+
+    def __init__(self, script: dict[tuple[int, str, int], list[str]]):
+        self.script = script
+        self.queries: list[tuple[int, str, int]] = []
+
+    def __call__(self, queries, attempt):
+        out = []
+        for pair, order in queries:
+            self.queries.append((pair, order, attempt))
+            texts = self.script[(pair, order, attempt)]
+            out.append([(t, parse_pairwise(t)) for t in texts])
+        return out
+
+
+def test_blind_vote_majority_threshold_and_splits():
+    assert blind_vote([1, 1, 0], 0.5) == Vote(1, 2 / 3, 3, "ok")
+    assert blind_vote([1, 1, 0], 0.7).status == "no_consensus"
+    assert blind_vote([1, 1, 0], 0.7).verdict == 0
+    assert blind_vote([1, -1], 0.5) == Vote(0, 0.5, 2, "no_consensus")       # split: a tie
+    assert blind_vote([None, None, -1], 0.3) == Vote(-1, 1 / 3, 1, "ok")      # unparseable samples count in k
+    assert blind_vote([None, None], 0.5) == Vote(None, 0.0, 0, "unparseable")
+    assert blind_vote([], 0.5).status == "unparseable"
+
+
+def test_combine_orders_negates_the_swapped_order():
+    ok = lambda v: Vote(v, 1.0, 3, "ok")
+    assert combine_orders(ok(1), ok(-1)) == (1, "consistent")
+    assert combine_orders(ok(0), ok(0)) == (0, "consistent")
+    assert combine_orders(ok(1), ok(1)) == (None, "position_disagreement")   # position bias
+    assert combine_orders(ok(1), Vote(None, 0, 0, "unparseable")) == (None, "position_disagreement")
+    assert combine_orders(Vote(None, 0, 0, "unparseable"), Vote(None, 0, 0, "unparseable")) == (None, "unparseable")
+
+
+def test_position_switch_keeps_consistent_verdicts_and_ties_disagreements():
+    judge = ScriptedJudge({
+        (0, FORWARD, 0): ["[[1]]", "[[1]]"], (0, BACKWARD, 0): ["[[-1]]", "[[-1]]"],   # consistent
+        (1, FORWARD, 0): ["[[1]]", "[[1]]"], (1, BACKWARD, 0): ["[[1]]", "[[1]]"],     # always prefers Answer 2
+        (2, FORWARD, 0): ["??", "no idea"], (2, BACKWARD, 0): ["", "[[7]]"],           # garbage
+    })
+    cfg = ConsistencyConfig(position_switch=True, on_disagreement="tie", blind_samples=2)
+    d = judge_pairs_consistently(3, judge, cfg)
+    assert [(x.verdict, x.status) for x in d] == [(1, "consistent"), (0, "position_disagreement"),
+                                                  (None, "unparseable")]
+    assert all(x.attempts == 1 for x in d)
+    assert len(d[2].samples) == 4 and {s.parsed.status for s in d[2].samples} == {"unparseable", "out_of_range"}
+
+
+def test_rejudge_retries_only_disagreeing_pairs_then_falls_back_to_a_tie():
+    judge = ScriptedJudge({
+        (0, FORWARD, 0): ["[[-1]]"], (0, BACKWARD, 0): ["[[1]]"],
+        (1, FORWARD, 0): ["[[1]]"], (1, BACKWARD, 0): ["[[1]]"],
+        (1, FORWARD, 1): ["[[1]]"], (1, BACKWARD, 1): ["[[-1]]"],    # agrees on the re-judge
+        (2, FORWARD, 0): ["[[0]]"], (2, BACKWARD, 0): ["[[1]]"],
+        (2, FORWARD, 1): ["[[0]]"], (2, BACKWARD, 1): ["[[1]]"],
+        (2, FORWARD, 2): ["[[1]]"], (2, BACKWARD, 2): ["[[1]]"],     # never agrees
+    })
+    cfg = ConsistencyConfig(on_disagreement="rejudge", rejudge_attempts=2, blind_samples=1)
+    d = judge_pairs_consistently(3, judge, cfg)
+    assert [(x.verdict, x.status, x.attempts) for x in d] == [
+        (-1, "consistent", 1), (1, "consistent", 2), (0, "position_disagreement", 3)]
+    assert sorted(q for q in judge.queries if q[0] == 0) == [(0, BACKWARD, 0), (0, FORWARD, 0)]
+    assert len(d[2].samples) == 6
+
+
+def test_without_position_switch_one_order_decides():
+    judge = ScriptedJudge({(0, FORWARD, 0): ["[[1]]", "[[1]]", "[[-1]]"], (1, FORWARD, 0): ["x", "y", "[[0]]"]})
+    cfg = ConsistencyConfig(position_switch=False, blind_samples=3, agreement_threshold=0.6)
+    d = judge_pairs_consistently(2, judge, cfg)
+    assert [(x.verdict, x.status) for x in d] == [(1, "ok"), (0, "no_consensus")]
+    assert all(order == FORWARD for _, order, _ in judge.queries)
+
+
+def test_blind_grade_needs_enough_parsed_samples():
+    assert blind_grade([1.0, 0.5, None], 0.5) == (0.75, 2 / 3, "ok")
+    assert blind_grade([1.0, None, None], 0.5) == (None, 1 / 3, "unparseable")
+
+
+def test_rule_checks_decide_when_exactly_one_answer_breaks_them():
+    rules = Constraints(max_words=5, required_words=["paris"], format="lowercase")
+    assert constraint_failures("the capital is paris", rules) == []
+    assert constraint_failures("The capital of France is Lyon, I think", rules) == [
+        "max_words>5", "missing:paris", "format:lowercase"]
+    assert rule_decision("The capital is Lyon", "the capital is paris", rules).verdict == 1
+    assert rule_decision("paris it is", "Paris? No, LYON", rules).verdict == -1
+    assert rule_decision("paris", "it is paris", rules) is None        # both pass: the model decides
+    bullets = Constraints(format="bullets", forbidden_words=["maybe"])
+    assert constraint_failures("- one\n- two", bullets) == []
+    assert constraint_failures("- one\nmaybe two", bullets) == ["forbidden:maybe", "format:bullets"]
+    assert constraint_failures('{"a": 1}', Constraints(format="json")) == []
+
+
+class ScriptedBackend:
+    """Test fake of a rollout backend: a 'judge' that prefers whichever answer says GOOD."""
+
+    name = "scripted"
+
+    def __init__(self):
+        self.prompts: list[str] = []
+
+    def format_chat(self, messages):
+        return messages[-1]["content"]
+
+    def generate(self, prompts, params):
+        from tasks.rollout.base import Completion
+
+        self.prompts += prompts
+        out = []
+        for p in prompts:
+            if "[Ground-truth answer]" in p:
+                truth = p.split("[Ground-truth answer]\n")[1].split("\n")[0]
+                response = p.split("[Response]\n")[1].split("\n\n")[0]
+                text = "[[5]]" if truth in response else "[[1]]"
+            else:
+                first = p.split("[Answer 1]\n")[1].split("[Answer 2]")[0]
+                second = p.split("[Answer 2]\n")[1].split("\n\n")[0]
+                text = "[[1]]" if "GOOD" in second else "[[-1]]" if "GOOD" in first else "[[0]]"
+            out.append([Completion(text) for _ in range(params.n)])
+        return out
+
+
+def test_genrm_judge_switches_positions_and_lets_rules_decide_first():
+    from tasks.genrm.config import JudgeConfig
+    from tasks.genrm.judge import GenRMJudge, GradeRequest, PairRequest
+
+    backend = ScriptedBackend()
+    judge = GenRMJudge(backend, JudgeConfig(consistency={"blind_samples": 2}))
+    rules = Constraints(required_words=["apple"])
+    decisions = judge.compare([
+        PairRequest("q", "meh", "GOOD answer"),
+        PairRequest("q", "GOOD answer", "meh"),
+        PairRequest("q", "same", "same too"),
+        PairRequest("q", "GOOD but no fruit", "an apple", constraints=rules),   # rules overrule the model
+    ])
+    assert [(d.verdict, d.status) for d in decisions] == [
+        (1, "consistent"), (-1, "consistent"), (0, "consistent"), (1, "rule")]
+    assert len(backend.prompts) == 6                     # 3 model-judged pairs x 2 orders, none for the rule pair
+    assert [s.pair_index for s in decisions[2].samples] == [2, 2, 2, 2]
+    grades = judge.grade([GradeRequest("2+2?", "4", "it is 4"), GradeRequest("2+2?", "4", "five")])
+    assert [(g.reward, g.status) for g in grades] == [(1.0, "ok"), (0.0, "ok")]
