@@ -1,0 +1,431 @@
+"""Compare two pipeline runs, and write a report for one, from MLflow and the warehouse.
+
+A run is addressed by its MLflow run id, or by an experiment name (its newest top-level
+run). A run's *family* is the run plus every run nested under it (the stage runs), so a
+pipeline parent brings its ingest, curate, ..., evaluate children along.
+
+What is compared: parameters that differ, the final value of every metric side by side,
+held-out pass@k (metrics ``eval.<benchmark>.pass_at_<k>`` logged by the evaluate stage),
+and the data funnel: rows each stage removed, per reason, read from the ``decisions`` and
+``quarantine`` tables (whose ``run_id`` is the MLflow run of the stage that wrote them).
+Plots: reward curves, pass@k bars, funnel bars.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from tasks import tracking
+from warehouse import Warehouse
+
+EVAL_METRIC = re.compile(r"^eval\.(?P<benchmark>.+)\.pass_at_(?P<k>\d+)$")
+CURVE_PATTERN = re.compile(r"reward", re.IGNORECASE)
+MAX_CURVES = 6
+
+
+# -- finding runs ----------------------------------------------------------------------------------
+
+def _client(home: str | os.PathLike | None, tracking_uri: str | None) -> MlflowClient:
+    tracking.configure(tracking_uri, home)
+    return MlflowClient()
+
+
+def resolve_run(client: MlflowClient, ref: str) -> Run:
+    """A run id, or an experiment name (its newest top-level run, preferring pipeline runs)."""
+    try:
+        return client.get_run(ref)
+    except MlflowException:
+        pass
+    exp = client.get_experiment_by_name(ref)
+    if exp is None:
+        raise LookupError(f"{ref!r} is neither an MLflow run id nor an experiment name in {tracking_uri_of()}")
+    runs = [r for r in client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"])
+            if "mlflow.parentRunId" not in r.data.tags]
+    if not runs:
+        raise LookupError(f"experiment {ref!r} has no top-level runs")
+    pipelines = [r for r in runs if r.data.tags.get("posttrain.stage") == "pipeline"]
+    return (pipelines or runs)[0]
+
+
+def tracking_uri_of() -> str:
+    import mlflow
+    return mlflow.get_tracking_uri()
+
+
+def stage_of(run: Run) -> str:
+    return run.data.tags.get("posttrain.stage") or run.info.run_name or run.info.run_id[:8]
+
+
+@dataclass
+class RunFamily:
+    root: Run
+    runs: list[Run]          # the root first, then nested runs breadth-first
+
+    @property
+    def run_ids(self) -> list[str]:
+        return [r.info.run_id for r in self.runs]
+
+    @property
+    def label(self) -> str:
+        return f"{self.root.info.run_name or stage_of(self.root)} {self.root.info.run_id[:8]}"
+
+    def keyed(self) -> list[tuple[str, Run]]:
+        """(stage key, run): the root is its stage name; a repeated stage gets a #n suffix."""
+        seen: dict[str, int] = {}
+        out = []
+        for r in self.runs:
+            key = stage_of(r)
+            seen[key] = seen.get(key, 0) + 1
+            out.append((key if seen[key] == 1 else f"{key}#{seen[key]}", r))
+        return out
+
+
+def run_family(client: MlflowClient, root: Run) -> RunFamily:
+    # MLflow's search accepts only "=" on tags: one query per parent, breadth-first
+    runs, frontier = [root], [root]
+    while frontier:
+        children = []
+        for parent in frontier:
+            children += client.search_runs([root.info.experiment_id],
+                                           filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+                                           order_by=["attributes.start_time ASC"])
+        runs += children
+        frontier = children
+    return RunFamily(root, runs)
+
+
+# -- what a family holds ---------------------------------------------------------------------------
+
+def family_params(family: RunFamily) -> dict[str, str]:
+    return {f"{key}.{name}": value for key, r in family.keyed() for name, value in r.data.params.items()}
+
+
+def family_metrics(family: RunFamily) -> dict[str, float]:
+    """Final (latest) value of every metric, keyed ``stage/metric``."""
+    return {f"{key}/{name}": value for key, r in family.keyed() for name, value in r.data.metrics.items()}
+
+
+def eval_pass_at_k(family: RunFamily) -> pl.DataFrame:
+    rows = []
+    for key, r in family.keyed():
+        for name, value in r.data.metrics.items():
+            m = EVAL_METRIC.match(name)
+            if m:
+                rows.append({"benchmark": m["benchmark"], "k": int(m["k"]), "pass_at_k": float(value)})
+    schema = {"benchmark": pl.Utf8, "k": pl.Int64, "pass_at_k": pl.Float64}
+    return pl.DataFrame(rows, schema=schema).unique(["benchmark", "k"], keep="last").sort("benchmark", "k")
+
+
+def funnel(wh: Warehouse | None, family: RunFamily) -> pl.DataFrame:
+    """Rows removed per (stage, reason) by the family's runs: decisions plus quarantined input."""
+    schema = {"stage": pl.Utf8, "reason": pl.Utf8, "rows": pl.Int64}
+    parts = []
+    if wh is not None:
+        ids = family.run_ids
+        if wh.exists("decisions"):
+            parts.append(wh.read("decisions").filter(pl.col("run_id").is_in(ids))
+                         .group_by("stage", "reason").agg(pl.len().cast(pl.Int64).alias("rows")))
+        if wh.exists("quarantine"):
+            parts.append(wh.read("quarantine").filter(pl.col("run_id").is_in(ids))
+                         .group_by("reason").agg(pl.len().cast(pl.Int64).alias("rows"))
+                         .select(pl.lit("ingest.quarantine").alias("stage"), "reason", "rows"))
+    if not parts:
+        return pl.DataFrame(schema=schema)
+    return pl.concat([p.select(list(schema)) for p in parts]).sort("stage", "reason")
+
+
+def metric_curves(client: MlflowClient, family: RunFamily, pattern: re.Pattern = CURVE_PATTERN
+                  ) -> dict[str, list[tuple[int, float]]]:
+    """``stage/metric`` -> [(step, value)] for metrics matching ``pattern`` with more than one point."""
+    curves = {}
+    for key, r in family.keyed():
+        for name in r.data.metrics:
+            if pattern.search(name):
+                history = sorted((m.step, m.value) for m in client.get_metric_history(r.info.run_id, name))
+                if len(history) > 1:
+                    curves[f"{key}/{name}"] = history
+    return curves
+
+
+# -- comparing two ---------------------------------------------------------------------------------
+
+@dataclass
+class Comparison:
+    a: str                       # labels
+    b: str
+    a_run_id: str
+    b_run_id: str
+    params: pl.DataFrame         # param, a, b (only those that differ)
+    metrics: pl.DataFrame        # metric, a, b, delta (all final metrics)
+    eval: pl.DataFrame           # benchmark, k, a, b, delta
+    funnel: pl.DataFrame         # stage, reason, a, b, delta
+    plots: dict[str, Path] = field(default_factory=dict)
+
+
+def _side_by_side(a: pl.DataFrame, b: pl.DataFrame, keys: list[str], value: str) -> pl.DataFrame:
+    joined = a.rename({value: "a"}).join(b.rename({value: "b"}), on=keys, how="full", coalesce=True)
+    return joined.with_columns((pl.col("b") - pl.col("a")).alias("delta")).sort(keys)
+
+
+def diff_params(pa: dict[str, str], pb: dict[str, str]) -> pl.DataFrame:
+    keys = sorted(k for k in set(pa) | set(pb) if pa.get(k) != pb.get(k))
+    return pl.DataFrame({"param": keys, "a": [pa.get(k) for k in keys], "b": [pb.get(k) for k in keys]},
+                        schema={"param": pl.Utf8, "a": pl.Utf8, "b": pl.Utf8})
+
+
+def _metric_frame(metrics: dict[str, float]) -> pl.DataFrame:
+    return pl.DataFrame({"metric": list(metrics), "value": list(metrics.values())},
+                        schema={"metric": pl.Utf8, "value": pl.Float64})
+
+
+def compare(a: str, b: str, out_dir: str | os.PathLike | None = None, home: str | os.PathLike | None = None,
+            tracking_uri: str | None = None) -> Comparison:
+    """Compare runs ``a`` and ``b`` (run ids or experiment names); plots go to ``out_dir``."""
+    client = _client(home, tracking_uri)
+    wh = Warehouse(home)
+    fa, fb = (run_family(client, resolve_run(client, ref)) for ref in (a, b))
+    label_a, label_b = fa.label, fb.label
+    if label_a == label_b:
+        label_a, label_b = f"A {label_a}", f"B {label_b}"
+    eval_a, eval_b = eval_pass_at_k(fa), eval_pass_at_k(fb)
+    funnel_a, funnel_b = funnel(wh, fa), funnel(wh, fb)
+    result = Comparison(
+        a=label_a, b=label_b, a_run_id=fa.root.info.run_id, b_run_id=fb.root.info.run_id,
+        params=diff_params(family_params(fa), family_params(fb)),
+        metrics=_side_by_side(_metric_frame(family_metrics(fa)), _metric_frame(family_metrics(fb)),
+                              ["metric"], "value"),
+        eval=_side_by_side(eval_a, eval_b, ["benchmark", "k"], "pass_at_k"),
+        funnel=_side_by_side(funnel_a.with_columns(pl.col("rows").cast(pl.Float64)),
+                             funnel_b.with_columns(pl.col("rows").cast(pl.Float64)), ["stage", "reason"], "rows"),
+    )
+    out = Path(out_dir) if out_dir else wh.artifacts_dir / "compare" / f"{fa.root.info.run_id[:8]}_vs_{fb.root.info.run_id[:8]}"
+    out.mkdir(parents=True, exist_ok=True)
+    curves = {label_a: metric_curves(client, fa), label_b: metric_curves(client, fb)}
+    result.plots = _save_plots(out, curves, result.eval, result.funnel, (label_a, label_b))
+    return result
+
+
+# -- plots -----------------------------------------------------------------------------------------
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def reward_curves_figure(curves: dict[str, dict[str, list[tuple[int, float]]]]):
+    """One panel per metric, one line per run."""
+    plt = _plt()
+    names = sorted({name for per_run in curves.values() for name in per_run})[:MAX_CURVES]
+    if not names:
+        return None
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for label, per_run in curves.items():
+            if name in per_run:
+                steps, values = zip(*per_run[name])
+                ax.plot(steps, values, marker=".", label=label)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def grouped_bars_figure(frame: pl.DataFrame, category: pl.Expr, columns: list[str], labels: list[str],
+                        title: str, ylabel: str, horizontal: bool = False):
+    plt = _plt()
+    if frame.height == 0:
+        return None
+    cats = frame.select(category.alias("c")).get_column("c").to_list()
+    width = 0.8 / len(columns)
+    size = (7.5, max(2.5, 0.45 * len(cats) + 1.2)) if horizontal else (max(5.0, 1.1 * len(cats) + 2), 3.8)
+    fig, ax = plt.subplots(figsize=size)
+    for i, (col, label) in enumerate(zip(columns, labels)):
+        values = frame.get_column(col).fill_null(0).to_list()
+        pos = [x + i * width for x in range(len(cats))]
+        (ax.barh if horizontal else ax.bar)(pos, values, width, label=label)
+    ticks = [x + width * (len(columns) - 1) / 2 for x in range(len(cats))]
+    if horizontal:
+        ax.set_yticks(ticks, cats, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel(ylabel)
+    else:
+        ax.set_xticks(ticks, cats, rotation=20, fontsize=8)
+        ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _save(fig, path: Path) -> Path | None:
+    if fig is None:
+        return None
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    _plt().close(fig)
+    return path
+
+
+def _save_plots(out: Path, curves, eval_frame: pl.DataFrame, funnel_frame: pl.DataFrame,
+                labels: tuple[str, ...]) -> dict[str, Path]:
+    cols = ["a", "b"][:len(labels)]
+    saved = {
+        "reward_curves": _save(reward_curves_figure(curves), out / "reward_curves.png"),
+        "pass_at_k": _save(grouped_bars_figure(
+            eval_frame, pl.format("{}@{}", "benchmark", "k"), cols, list(labels),
+            "held-out pass@k", "pass@k"), out / "pass_at_k.png"),
+        "funnel": _save(grouped_bars_figure(
+            funnel_frame, pl.format("{}: {}", "stage", "reason"), cols, list(labels),
+            "rows removed per stage and reason", "rows", horizontal=True), out / "funnel.png"),
+    }
+    return {k: v for k, v in saved.items() if v is not None}
+
+
+# -- printing --------------------------------------------------------------------------------------
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def comparison_tables(result: Comparison, max_rows: int = 60):
+    """rich Tables: differing params, eval pass@k, funnel, final metrics (those that differ first)."""
+    from rich.table import Table
+
+    def table(title: str, frame: pl.DataFrame, columns: list[str], headers: list[str]) -> Table:
+        t = Table(title=title, title_justify="left")
+        for h in headers:
+            t.add_column(h, overflow="fold", max_width=60)
+        for row in frame.head(max_rows).iter_rows(named=True):
+            t.add_row(*[_fmt(row[c]) for c in columns])
+        if frame.height > max_rows:
+            t.caption = f"{frame.height - max_rows} more rows"
+        return t
+
+    heads = [result.a, result.b, "b - a"]
+    metrics = result.metrics.with_columns(
+        (pl.col("a").is_null() | pl.col("b").is_null() | (pl.col("delta").abs() > 0)).alias("differs")
+    ).sort(["differs", "metric"], descending=[True, False]).drop("differs")
+    return [
+        table("parameters that differ", result.params, ["param", "a", "b"], ["param", result.a, result.b]),
+        table("held-out pass@k", result.eval, ["benchmark", "k", "a", "b", "delta"], ["benchmark", "k", *heads]),
+        table("data funnel: rows removed", result.funnel, ["stage", "reason", "a", "b", "delta"],
+              ["stage", "reason", *heads]),
+        table("final metrics", metrics, ["metric", "a", "b", "delta"], ["metric", *heads]),
+    ]
+
+
+def print_comparison(result: Comparison, console=None) -> None:
+    from rich.console import Console
+    console = console or Console()
+    console.rule(f"[bold]{result.a}  vs  {result.b}")
+    for t in comparison_tables(result):
+        console.print(t)
+    for name, path in result.plots.items():
+        console.print(f"plot {name}: {path}")
+
+
+# -- the per-run report ----------------------------------------------------------------------------
+
+def _img(path: Path | None, alt: str) -> str:
+    if path is None:
+        return ""
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"><figcaption>{html.escape(alt)}</figcaption></figure>'
+
+
+def _html_table(frame: pl.DataFrame, empty: str = "none") -> str:
+    if frame.height == 0:
+        return f"<p><em>{html.escape(empty)}</em></p>"
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in frame.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>"
+                   for row in frame.iter_rows())
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _stage_rows(family: RunFamily) -> pl.DataFrame:
+    rows = []
+    for key, r in family.keyed():
+        start, end = r.info.start_time, r.info.end_time
+        rows.append({"stage": key, "status": r.info.status, "run_id": r.info.run_id,
+                     "seconds": round((end - start) / 1000, 1) if start and end else None,
+                     "profile": r.data.tags.get("posttrain.profile"),
+                     "config_hash": r.data.tags.get("posttrain.config_hash")})
+    return pl.DataFrame(rows, schema={"stage": pl.Utf8, "status": pl.Utf8, "run_id": pl.Utf8, "seconds": pl.Float64,
+                                      "profile": pl.Utf8, "config_hash": pl.Utf8})
+
+
+def _dataset_rows(family: RunFamily) -> pl.DataFrame:
+    rows = []
+    for key, r in family.keyed():
+        for di in (r.inputs.dataset_inputs if r.inputs else []):
+            context = next((t.value for t in di.tags if t.key == "mlflow.data.context"), "")
+            rows.append({"stage": key, "context": context, "table": di.dataset.name, "digest": di.dataset.digest})
+    return pl.DataFrame(rows, schema={"stage": pl.Utf8, "context": pl.Utf8, "table": pl.Utf8, "digest": pl.Utf8})
+
+
+REPORT_CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}
+table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}
+th{background:#f3f3f3}img{max-width:100%}figure{margin:1em 0}figcaption{color:#666;font-size:12px}"""
+
+
+def write_run_report(run_id: str, home: str | os.PathLike | None = None, out_dir: str | os.PathLike | None = None,
+                     tracking_uri: str | None = None, log_to_mlflow: bool = True) -> Path:
+    """Write ``report.html`` (self-contained: images inlined) for a run and its stage runs.
+
+    Also logs it, with the PNGs, as artifacts under ``report/`` of the run. Returns the path.
+    """
+    client = _client(home, tracking_uri)
+    wh = Warehouse(home)
+    family = run_family(client, client.get_run(run_id))
+    out = Path(out_dir) if out_dir else wh.artifacts_dir / "reports" / run_id
+    out.mkdir(parents=True, exist_ok=True)
+    label = family.label
+    eval_frame = eval_pass_at_k(family).rename({"pass_at_k": "a"})
+    funnel_frame = funnel(wh, family).with_columns(pl.col("rows").cast(pl.Float64).alias("a"))
+    plots = _save_plots(out, {label: metric_curves(client, family)}, eval_frame, funnel_frame, (label,))
+    params = pl.DataFrame([{"param": k, "value": v} for k, v in sorted(family_params(family).items())],
+                          schema={"param": pl.Utf8, "value": pl.Utf8})
+    metrics = _metric_frame(dict(sorted(family_metrics(family).items())))
+    root = family.root
+    started = datetime.fromtimestamp(root.info.start_time / 1000, tz=UTC).isoformat(timespec="seconds")
+    parts = [
+        (f"<!doctype html><html><head><meta charset='utf-8'><title>posttrain run {html.escape(label)}</title>"
+         f"<style>{REPORT_CSS}</style></head><body>"),
+        f"<h1>posttrain run {html.escape(label)}</h1>",
+        (f"<p>run id <code>{root.info.run_id}</code>, status {root.info.status}, started {started}, "
+         f"experiment <code>{html.escape(client.get_experiment(root.info.experiment_id).name)}</code></p>"),
+        "<h2>Stages</h2>", _html_table(_stage_rows(family)),
+        "<h2>Held-out pass@k</h2>", _html_table(eval_frame.rename({"a": "pass_at_k"}), "no evaluation in this run"),
+        _img(plots.get("pass_at_k"), "held-out pass@k"),
+        "<h2>Data funnel: rows removed per stage and reason</h2>",
+        _html_table(funnel_frame.drop("a"), "no rows removed (or no decisions recorded for this run)"),
+        _img(plots.get("funnel"), "rows removed per stage and reason"),
+        "<h2>Reward curves</h2>", _img(plots.get("reward_curves"), "reward curves") or "<p><em>no reward metrics</em></p>",
+        "<h2>Datasets</h2>", _html_table(_dataset_rows(family), "no datasets logged"),
+        "<h2>Final metrics</h2>", _html_table(metrics),
+        "<h2>Parameters</h2>", _html_table(params),
+        "</body></html>",
+    ]
+    report = out / "report.html"
+    report.write_text("\n".join(parts), encoding="utf-8")
+    if log_to_mlflow:
+        client.log_artifact(run_id, str(report), "report")
+        for path in plots.values():
+            client.log_artifact(run_id, str(path), "report")
+    return report

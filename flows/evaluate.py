@@ -1,0 +1,110 @@
+"""The ``evaluate`` flow: held-out pass@k of a model on the benchmarks and fresh synthetic tasks."""
+from __future__ import annotations
+
+from collections import Counter
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.common import flow_context, flow_logger, report_progress
+from tasks import tracking
+from tasks.evaluate import (
+    SYNTHETIC_BENCHMARK,
+    EvalItem,
+    EvaluateConfig,
+    ItemResult,
+    ModelChoice,
+    benchmark_items,
+    choose_model,
+    evaluate_items,
+    heldout_synthetic_items,
+    item_rows,
+    pass_at_k_figure,
+    pass_at_k_metrics,
+    summarize,
+    training_instance_ids,
+)
+from tasks.rollout.base import RolloutBackend
+from tasks.rollout.config import RolloutConfig
+from tasks.rollout.factory import make_backend
+
+
+# The backend holds a loaded model: not an input Prefect can hash, so no caching. All
+# benchmarks go through one task so that items of every benchmark share sampling batches.
+@task(name="evaluate-items", cache_policy=NO_CACHE)
+def evaluate_items_task(items: list[EvalItem], backend: RolloutBackend, cfg: EvaluateConfig) -> list[ItemResult]:
+    log = flow_logger()
+
+    def progress(done: int, total: int) -> None:
+        log.info("evaluate: %d/%d items sampled and verified", done, total)
+
+    return evaluate_items(items, backend, cfg, progress)
+
+
+def _backend_for(rollout: RolloutConfig, model: ModelChoice) -> RolloutBackend:
+    # the profile picks the engine (local / vllm / openai); the model is the one evaluated
+    return make_backend(rollout.model_copy(update={"model": model.path}))
+
+
+@flow(name="evaluate", log_prints=True)
+def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | None = None,
+                  benchmarks: list[str] | None = None, max_items: int | None = None) -> dict:
+    """pass@k at the profile's temperature / top-p (M1: 1.0 / 0.95) into ``eval_results``.
+
+    ``model``: an alias or checkpoint path; by default the newest row of the ``models`` table.
+    ``benchmarks`` and ``max_items`` override the profile's evaluate section.
+    """
+    log = flow_logger()
+    report_progress("evaluate", "start")
+    params = {"model": model, "benchmarks": benchmarks, "max_items": max_items}
+    with flow_context("evaluate", profile, home, params, sections=("evaluate", "rollout")) as ctx:
+        overrides = {k: v for k, v in {"benchmarks": benchmarks, "max_items": max_items}.items() if v is not None}
+        cfg = EvaluateConfig.model_validate({**ctx.profile.section("evaluate", EvaluateConfig).model_dump(),
+                                             **overrides})
+        rollout = ctx.profile.section("rollout", RolloutConfig)
+        wh = ctx.wh
+        chosen = choose_model(wh, model)
+        tracking.set_tags({"posttrain.model": chosen.model_id, "posttrain.model_path": chosen.path,
+                           "posttrain.model_source": chosen.source})
+        for name in ("benchmarks", "synthetic_tasks", "models"):
+            ref = wh.latest(name)
+            if ref is not None:
+                tracking.log_table(ref, context="input")
+
+        items = benchmark_items(wh, cfg)
+        heldout = None
+        if cfg.synthetic is not None:
+            heldout = heldout_synthetic_items(cfg.synthetic, training_instance_ids(wh))
+            items += heldout.items
+            tracking.log_counters({"items": len(heldout.items),
+                                   "skipped_seen_in_training": heldout.skipped_seen_in_training,
+                                   "skipped_duplicates": heldout.skipped_duplicates}, prefix="eval.synthetic")
+        if not items:
+            raise ValueError("evaluate: no items: configure benchmarks and/or synthetic tasks")
+
+        backend = _backend_for(rollout, chosen)
+        log.info("evaluating %s (%s) on %d items, n=%d, temperature=%s, top_p=%s",
+                 chosen.model_id, chosen.source, len(items), cfg.n, cfg.temperature, cfg.top_p)
+        per_benchmark = Counter(it.benchmark for it in items)
+        results = evaluate_items_task(items, backend, cfg)
+
+        summary = summarize(results, cfg, chosen, backend.name, ctx.run_id)
+        parents = [r for r in (wh.latest("benchmarks"), wh.latest("models")) if r is not None]
+        refs = {
+            "eval_results": wh.write("eval_results", summary, mode="append", parents=parents),
+            "eval_items": wh.write("eval_items", item_rows(results, chosen, ctx.run_id), mode="append",
+                                   parents=parents),
+        }
+        metrics = pass_at_k_metrics(summary)
+        tracking.log_counters(metrics, prefix="eval")
+        tracking.log_counters({f"{b}.items": n for b, n in per_benchmark.items()}, prefix="eval")
+        tracking.log_counters({"verify_errors": sum(r.verify_errors for r in results)}, prefix="eval")
+        tracking.log_figure(pass_at_k_figure(summary, f"held-out pass@k: {chosen.model_id}"),
+                            "plots/eval_pass_at_k.png")
+        for r in summary.iter_rows(named=True):
+            log.info("%-18s pass@%d = %.3f over %d items", r["benchmark"], r["k"], r["pass_at_k"], r["items"])
+        report_progress("evaluate", "done")
+        return {"mlflow_run_id": ctx.run_id, "model": chosen.model_id, "model_source": chosen.source,
+                "tables": ctx.log_outputs(refs), "pass_at_k": metrics, "items": len(results),
+                "synthetic_items": len(heldout.items) if heldout else 0,
+                "benchmarks": [b for b in per_benchmark if b != SYNTHETIC_BENCHMARK]}

@@ -1,0 +1,287 @@
+"""Held-out evaluation: pass@k at temperature 1.0, top-p 0.95 (the MiniMax-M1 setting).
+
+Items come from the ``benchmarks`` table (AIME 2024/2025, MATH500, HumanEval, ...) and from
+freshly generated synthetic tasks that training never saw. Each item gets ``n`` samples;
+each sample is scored by the domain's verifier (code runs in the sandbox); an item's
+pass@k is the unbiased estimate from its n samples, and a benchmark's pass@k is the mean
+over its items.
+
+Held-out synthetic seeds: instance ``i`` of every task uses seed ``-(1 + i)``. The
+synthesize and calibration stages derive their seeds with ``stable_int`` (always >= 0),
+so the two seed ranges never meet. Because a small level can produce the same puzzle from
+two different seeds, an instance whose content id is already in ``synthetic_tasks`` is
+skipped as well, and counted.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tasks.difficulty import DEFAULT_INSTRUCTIONS, render_prompt, score_samples
+from tasks.rollout.base import RolloutBackend, SamplingParams
+from tasks.rollout.factory import resolve_model
+from tasks.synth.registry import get_task, own_task_names
+from tasks.verify.passk import pass_at_k
+from tasks.verify.sandbox import SandboxLimits
+from warehouse import Warehouse
+
+SYNTHETIC_BENCHMARK = "synthetic_heldout"
+MODELS_TABLE = "models"
+
+
+def heldout_seed(index: int) -> int:
+    """Seed of the ``index``-th held-out instance: negative, so disjoint from training seeds."""
+    return -(1 + index)
+
+
+class SyntheticHeldout(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tasks: list[str] | None = Field(None, description="own task names or rg:<dataset>; None = every own task")
+    per_task: int = Field(8, ge=1)
+    levels: list[int] | None = Field(None, description="None: every level of the task, round-robin")
+    max_draws_per_instance: int = Field(4, ge=1, description="draws allowed per wanted instance")
+
+
+class EvaluateConfig(BaseModel):
+    """The ``evaluate`` profile section. Defaults follow M1's evaluation protocol."""
+
+    model_config = ConfigDict(extra="forbid")
+    benchmarks: list[str] = Field(default_factory=lambda: ["aime2024", "aime2025", "math500", "humaneval"])
+    max_items: int | None = Field(None, ge=1, description="items per benchmark; None = all")
+    max_items_per_benchmark: dict[str, int] = Field(default_factory=dict)
+    n: int = Field(32, ge=1, description="samples per item (M1 averages pass@1 over 32 samples)")
+    k: list[int] = Field(default_factory=lambda: [1])
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    max_tokens: int = Field(40_000, ge=1)
+    seed: int = 0
+    synthetic: SyntheticHeldout | None = Field(default_factory=SyntheticHeldout)
+    instructions: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_INSTRUCTIONS))
+    use_chat_template: bool = True
+    prompts_per_chunk: int = Field(32, ge=1, description="prompts sent to the backend at once")
+    verify_workers: int = Field(2, ge=1, description="parallel code sandboxes")
+    sandbox_timeout_s: float = Field(10.0, gt=0)
+    sandbox_memory_mb: int = Field(512, ge=64)
+
+    @model_validator(mode="after")
+    def _k_fits_n(self) -> EvaluateConfig:
+        if not self.k:
+            raise ValueError("k must list at least one value")
+        bad = [k for k in self.k if k < 1 or k > self.n]
+        if bad:
+            raise ValueError(f"every k must be in 1..n={self.n}; got {bad}")
+        return self
+
+    def items_limit(self, benchmark: str) -> int | None:
+        return self.max_items_per_benchmark.get(benchmark, self.max_items)
+
+    def sampling_params(self) -> SamplingParams:
+        # No repetition truncation at evaluation: a truncated sample would be scored on a
+        # response the model did not finish.
+        return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p,
+                              max_tokens=self.max_tokens, seed=self.seed, repetition_window=None)
+
+    def sandbox_limits(self) -> SandboxLimits:
+        return SandboxLimits(timeout_s=self.sandbox_timeout_s, cpu_s=max(1, int(self.sandbox_timeout_s)),
+                             memory_mb=self.sandbox_memory_mb)
+
+
+# -- which model ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelChoice:
+    model_id: str
+    path: str
+    source: str   # "argument" or "models table"
+
+
+def choose_model(wh: Warehouse, model: str | None = None) -> ModelChoice:
+    """The explicit ``model`` (alias or path) or else the newest row of the ``models`` table."""
+    if model:
+        return ModelChoice(model_id=model, path=str(resolve_model(model)), source="argument")
+    if not wh.exists(MODELS_TABLE) or wh.latest(MODELS_TABLE).rows == 0:
+        raise LookupError(
+            f"no model to evaluate: the {MODELS_TABLE!r} table in {wh.home} is empty or missing and no "
+            f"model was given; train one (`posttrain run --stage train`) or pass --model PATH_OR_ALIAS")
+    row = wh.read(MODELS_TABLE).tail(1).row(0, named=True)
+    missing = [c for c in ("model_id", "path") if not row.get(c)]
+    if missing:
+        raise LookupError(f"the newest row of {MODELS_TABLE!r} has no {missing}: cannot load it")
+    if not Path(row["path"]).exists():
+        raise FileNotFoundError(
+            f"model {row['model_id']!r} from the {MODELS_TABLE!r} table points at {row['path']}, which does not exist")
+    return ModelChoice(model_id=str(row["model_id"]), path=str(row["path"]), source="models table")
+
+
+# -- which items ---------------------------------------------------------------------------------
+
+@dataclass
+class EvalItem:
+    benchmark: str
+    item_id: str
+    domain: str
+    row: dict   # what the verifier reads: prompt, answer / tests, entry_point, metadata
+
+
+def benchmark_items(wh: Warehouse, cfg: EvaluateConfig) -> list[EvalItem]:
+    """``max_items`` items of each configured benchmark, a seeded sample in item_id order."""
+    if not cfg.benchmarks:
+        return []
+    if not wh.exists("benchmarks"):
+        raise LookupError(f"no `benchmarks` table in {wh.home}: run `posttrain ingest --bundled` first")
+    table = wh.read("benchmarks")
+    available = sorted(table.get_column("benchmark").unique().to_list())
+    items: list[EvalItem] = []
+    for name in cfg.benchmarks:
+        rows = table.filter(pl.col("benchmark") == name).sort("item_id")
+        if rows.height == 0:
+            raise LookupError(f"evaluate.benchmarks: {name!r} has no rows in `benchmarks`; available: {available}")
+        limit = cfg.items_limit(name)
+        if limit is not None and rows.height > limit:
+            rows = rows.sample(n=limit, seed=cfg.seed).sort("item_id")
+        for r in rows.iter_rows(named=True):
+            verifier_row = {"id": f"{name}:{r['item_id']}", "prompt": r["text"], "answer": r["answer"],
+                            "tests": r["tests"], "entry_point": r["entry_point"], "metadata": r["metadata"],
+                            "domain": r["domain"]}
+            items.append(EvalItem(name, str(r["item_id"]), r["domain"], verifier_row))
+    return items
+
+
+def training_instance_ids(wh: Warehouse) -> set[str]:
+    if not wh.exists("synthetic_tasks"):
+        return set()
+    return set(wh.read("synthetic_tasks").get_column("id").to_list())
+
+
+@dataclass
+class HeldoutDraw:
+    items: list[EvalItem] = field(default_factory=list)
+    skipped_seen_in_training: int = 0
+    skipped_duplicates: int = 0
+
+
+def heldout_synthetic_items(spec: SyntheticHeldout, training_ids: set[str]) -> HeldoutDraw:
+    """Fresh instances per task from the reserved (negative) seed range, none seen in training."""
+    out = HeldoutDraw()
+    for name in spec.tasks if spec.tasks is not None else own_task_names():
+        task = get_task(name)
+        levels = spec.levels if spec.levels is not None else list(range(task.n_levels))
+        bad = [lv for lv in levels if not 0 <= lv < task.n_levels]
+        if bad or not levels:
+            raise ValueError(f"evaluate.synthetic.levels {bad or levels} not usable for task {name!r} "
+                             f"(levels 0..{task.n_levels - 1})")
+        seen: set[str] = set()
+        draw, wanted = 0, spec.per_task
+        while len(seen) < wanted and draw < wanted * spec.max_draws_per_instance:
+            inst = task.generate(heldout_seed(draw), levels[draw % len(levels)])
+            draw += 1
+            if inst.id in training_ids:
+                out.skipped_seen_in_training += 1
+                continue
+            if inst.id in seen:
+                out.skipped_duplicates += 1
+                continue
+            seen.add(inst.id)
+            row = {"id": inst.id, "task": inst.task, "level": inst.level, "seed": inst.seed,
+                   "prompt": inst.prompt, "question": inst.question, "answer": inst.answer,
+                   "metadata": inst.metadata_json(), "domain": "logic"}
+            out.items.append(EvalItem(SYNTHETIC_BENCHMARK, f"{inst.task}/{inst.level}/{inst.seed}", "logic", row))
+    return out
+
+
+# -- sampling and scoring ------------------------------------------------------------------------
+
+@dataclass
+class ItemResult:
+    item: EvalItem
+    n: int
+    correct: int
+    mean_tokens: float
+    verify_errors: int
+    first_error: str | None
+
+
+def evaluate_items(items: list[EvalItem], backend: RolloutBackend, cfg: EvaluateConfig,
+                   progress=None) -> list[ItemResult]:
+    """Sample ``cfg.n`` completions per item and score each; one failed score never stops the batch."""
+    params, limits = cfg.sampling_params(), cfg.sandbox_limits()
+    results: list[ItemResult] = []
+    with ThreadPoolExecutor(max_workers=cfg.verify_workers) as pool:
+        for start in range(0, len(items), cfg.prompts_per_chunk):
+            chunk = items[start:start + cfg.prompts_per_chunk]
+            prompts = [render_prompt(it.row, it.domain, cfg, backend) for it in chunk]
+            for it, completions in zip(chunk, backend.generate(prompts, params)):
+                scored = score_samples(it.domain, it.row, completions, limits, pool)
+                errors = [s.error for s in scored if s.error]
+                results.append(ItemResult(
+                    item=it, n=len(scored), correct=sum(1 for s in scored if s.reward >= 1.0),
+                    mean_tokens=sum(len(s.completion.token_ids) for s in scored) / max(1, len(scored)),
+                    verify_errors=len(errors), first_error=errors[0] if errors else None))
+            if progress is not None:
+                progress(len(results), len(items))
+    return results
+
+
+def summarize(results: list[ItemResult], cfg: EvaluateConfig, model: ModelChoice, backend: str,
+              run_id: str | None) -> pl.DataFrame:
+    """One ``eval_results`` row per (benchmark, k): the mean unbiased pass@k over items."""
+    created = datetime.now(UTC).replace(tzinfo=None)
+    by_benchmark: dict[str, list[ItemResult]] = {}
+    for r in results:
+        by_benchmark.setdefault(r.item.benchmark, []).append(r)
+    rows = []
+    for bench, rs in by_benchmark.items():
+        for k in cfg.k:
+            rows.append({
+                "model": model.model_id, "model_path": model.path, "benchmark": bench, "n": cfg.n, "k": k,
+                "pass_at_k": sum(pass_at_k(r.n, r.correct, k) for r in rs) / len(rs),
+                "items": len(rs), "correct": sum(r.correct for r in rs),
+                "temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_tokens,
+                "seed": cfg.seed, "backend": backend, "run_id": run_id, "created": created,
+            })
+    from data_specs import get_spec
+    spec = get_spec("eval_results")
+    return spec.conform(pl.DataFrame(rows, infer_schema_length=None)) if rows else spec.empty()
+
+
+def item_rows(results: list[ItemResult], model: ModelChoice, run_id: str | None) -> pl.DataFrame:
+    from data_specs import get_spec
+    spec = get_spec("eval_items")
+    rows = [{"model": model.model_id, "benchmark": r.item.benchmark, "item_id": r.item.item_id,
+             "domain": r.item.domain, "n": r.n, "correct": r.correct, "pass_at_1": r.correct / r.n,
+             "mean_tokens": r.mean_tokens, "verify_errors": r.verify_errors, "first_error": r.first_error,
+             "run_id": run_id} for r in results]
+    return spec.conform(pl.DataFrame(rows, infer_schema_length=None)) if rows else spec.empty()
+
+
+def pass_at_k_metrics(summary: pl.DataFrame) -> dict[str, float]:
+    """MLflow metric names ``<benchmark>.pass_at_<k>`` (logged under the ``eval`` prefix)."""
+    return {f"{r['benchmark']}.pass_at_{r['k']}": r["pass_at_k"] for r in summary.iter_rows(named=True)}
+
+
+def pass_at_k_figure(summary: pl.DataFrame, title: str):
+    """Grouped bars: one group per benchmark, one bar per k."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    benches = summary.get_column("benchmark").unique(maintain_order=True).to_list()
+    ks = sorted(summary.get_column("k").unique().to_list())
+    width = 0.8 / max(1, len(ks))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(benches) + 2), 3.8))
+    for i, k in enumerate(ks):
+        values = [summary.filter((pl.col("benchmark") == b) & (pl.col("k") == k)).get_column("pass_at_k").sum()
+                  for b in benches]
+        ax.bar([x + i * width for x in range(len(benches))], values, width, label=f"pass@{k}")
+    ax.set_xticks([x + width * (len(ks) - 1) / 2 for x in range(len(benches))], benches, rotation=20)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("pass@k")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    return fig

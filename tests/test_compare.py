@@ -1,0 +1,110 @@
+"""Comparing two pipeline runs and the per-run report, on real MLflow runs and a real warehouse."""
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from mlflow.tracking import MlflowClient
+from rich.console import Console
+
+from flows.compare import compare, print_comparison, resolve_run, write_run_report
+from tasks import tracking
+from warehouse import Warehouse
+
+DECISION_SCHEMA = {"row_id": pl.Utf8, "stage": pl.Utf8, "decision": pl.Utf8, "reason": pl.Utf8,
+                   "reference_id": pl.Utf8, "score": pl.Float64, "run_id": pl.Utf8}
+
+
+def removed(wh: Warehouse, stage: str, reason: str, count: int, run_id: str) -> None:
+    rows = [{"row_id": f"{stage}-{reason}-{i}", "stage": stage, "decision": "removed", "reason": reason,
+             "reference_id": "kept-row", "score": 1.0, "run_id": run_id} for i in range(count)]
+    wh.write("decisions", pl.DataFrame(rows, schema=DECISION_SCHEMA), mode="append")
+
+
+def pipeline_run(wh: Warehouse, experiment: str, threshold: float, lr: float, rewards: list[float],
+                 pass1: dict[str, float], near_dups: int) -> str:
+    """A pipeline parent with curate / train / evaluate children, logged as the flows log them."""
+    with tracking.tracked_run("pipeline", params={"profile": "tiny", "stages": ["curate", "train", "evaluate"]},
+                              tags={"posttrain.profile": "tiny"}, experiment=experiment) as parent:
+        with tracking.tracked_run("curate", params={"curate": {"minhash_threshold": threshold, "shingle": 5}}) as cur:
+            tracking.log_counters({"rows_in": 100, "kept": 100 - near_dups - 3}, prefix="curate")
+            removed(wh, "minhash", "duplicate-of", near_dups, cur)
+            removed(wh, "decontaminate", "contaminated-by", 3, cur)
+        with tracking.tracked_run("train", params={"rl": {"lr": lr, "epsilon_high": 0.2}}):
+            for step, reward in enumerate(rewards):
+                tracking.log_counters({"reward_mean": reward, "loss": 1.0 - reward}, prefix="rl", step=step)
+        with tracking.tracked_run("evaluate", params={"n": 4}):
+            tracking.log_counters({f"{b}.pass_at_1": v for b, v in pass1.items()}, prefix="eval")
+    return parent
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """One home for the module: the runs are built once and only read by the tests."""
+    path = tmp_path_factory.mktemp("compare_home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("POSTTRAIN_HOME", str(path))
+        yield path
+
+
+@pytest.fixture(scope="module")
+def two_runs(home):
+    wh = Warehouse(home)
+    a = pipeline_run(wh, "exp-a", 0.8, 1e-4, [0.1, 0.2, 0.25], {"math500": 0.4, "humaneval": 0.1}, near_dups=5)
+    b = pipeline_run(wh, "exp-b", 0.7, 3e-4, [0.1, 0.3, 0.5, 0.6], {"math500": 0.5, "humaneval": 0.2}, near_dups=9)
+    return a, b
+
+
+def test_compare_shows_params_metrics_eval_and_funnel_side_by_side(two_runs, home, tmp_path):
+    a, b = two_runs
+    result = compare(a, b, out_dir=tmp_path / "cmp", home=home)
+    params = {r["param"]: (r["a"], r["b"]) for r in result.params.iter_rows(named=True)}
+    assert params == {"curate.curate.minhash_threshold": ("0.8", "0.7"), "train.rl.lr": ("0.0001", "0.0003")}
+
+    metrics = {r["metric"]: (r["a"], r["b"], r["delta"]) for r in result.metrics.iter_rows(named=True)}
+    assert metrics["train/rl.reward_mean"] == pytest.approx((0.25, 0.6, 0.35))   # final values
+    assert metrics["curate/curate.rows_in"] == (100.0, 100.0, 0.0)
+
+    evals = {(r["benchmark"], r["k"]): (r["a"], r["b"]) for r in result.eval.iter_rows(named=True)}
+    assert evals == {("humaneval", 1): pytest.approx((0.1, 0.2)), ("math500", 1): pytest.approx((0.4, 0.5))}
+
+    funnel = {(r["stage"], r["reason"]): (r["a"], r["b"]) for r in result.funnel.iter_rows(named=True)}
+    assert funnel == {("decontaminate", "contaminated-by"): (3, 3), ("minhash", "duplicate-of"): (5, 9)}
+
+    assert set(result.plots) == {"reward_curves", "pass_at_k", "funnel"}
+    for path in result.plots.values():
+        assert path.parent == tmp_path / "cmp" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_experiment_names_resolve_to_their_newest_pipeline_run(two_runs, home):
+    a, b = two_runs
+    tracking.configure(home=home)
+    client = MlflowClient()
+    assert resolve_run(client, "exp-b").info.run_id == b
+    assert resolve_run(client, a).info.run_id == a
+    result = compare("exp-a", "exp-b", home=home)
+    assert (result.a_run_id, result.b_run_id) == (a, b)
+    assert all(p.is_relative_to(home) for p in result.plots.values())
+    with pytest.raises(LookupError, match="neither an MLflow run id nor an experiment name"):
+        compare("no-such-run", b, home=home)
+
+
+def test_printed_comparison_lists_every_section(two_runs, home, tmp_path):
+    console = Console(record=True, width=200)
+    print_comparison(compare(*two_runs, out_dir=tmp_path, home=home), console)
+    text = console.export_text()
+    for expected in ("parameters that differ", "train.rl.lr", "held-out pass@k", "math500",
+                     "data funnel", "contaminated-by", "final metrics", "reward_mean"):
+        assert expected in text
+
+
+def test_run_report_is_logged_to_the_run(two_runs, home):
+    a, _ = two_runs
+    report = write_run_report(a, home=home)
+    page = report.read_text()
+    for expected in ("Stages", "curate", "Held-out pass@k", "math500", "duplicate-of",
+                     "Reward curves", "rl.reward_mean", "data:image/png;base64,"):
+        assert expected in page
+    tracking.configure(home=home)   # artifact listing resolves runs through the global tracking URI
+    client = MlflowClient()
+    logged = {f.path for f in client.list_artifacts(a, "report")}
+    assert {"report/report.html", "report/reward_curves.png", "report/pass_at_k.png", "report/funnel.png"} <= logged

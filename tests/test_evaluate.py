@@ -1,0 +1,193 @@
+"""The evaluate stage: held-out pass@k into eval_results, with the tiny local model."""
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from tasks import sources, tracking
+from tasks.evaluate import (
+    SYNTHETIC_BENCHMARK,
+    EvaluateConfig,
+    ModelChoice,
+    SyntheticHeldout,
+    benchmark_items,
+    choose_model,
+    evaluate_items,
+    heldout_seed,
+    heldout_synthetic_items,
+    summarize,
+)
+from tasks.ingest import store_records
+from tasks.rollout.base import Completion, SamplingParams
+from tasks.rollout.tiny_model import tiny_llama_path
+from tasks.synth.registry import get_task
+from warehouse import Warehouse
+
+BENCHMARKS = ["aime2024", "aime2025", "math500", "humaneval"]
+
+
+def ingest_benchmarks(wh: Warehouse) -> None:
+    """The bundled benchmark rows, through the real ingest code (no Prefect needed)."""
+    for bench, records in sources.mmath_records().items():
+        store_records(wh, records, bench, kind="benchmarks")
+    store_records(wh, sources.humaneval_records(), "humaneval", kind="benchmarks")
+
+
+@pytest.fixture(scope="module")
+def eval_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("eval_home")
+    ingest_benchmarks(Warehouse(home))
+    return home
+
+
+@pytest.fixture(scope="module")
+def tiny_model(eval_home):
+    return tiny_llama_path(home=eval_home)
+
+
+@pytest.fixture(scope="module")
+def flow_result(eval_home, tiny_model):
+    """One real evaluate flow run on the tiny profile, one item per benchmark."""
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("POSTTRAIN_HOME", str(eval_home))
+        from flows.evaluate import evaluate_flow
+        return evaluate_flow(profile="tiny", home=str(eval_home), model=str(tiny_model), max_items=1)
+
+
+def test_flow_writes_pass_at_k_per_benchmark_and_k(flow_result, eval_home, tiny_model):
+    cfg_k = [1, 4]   # configs/profiles/tiny/evaluate.yaml
+    results = Warehouse(eval_home).read("eval_results")
+    assert sorted(results.get_column("benchmark").unique().to_list()) == sorted(BENCHMARKS + [SYNTHETIC_BENCHMARK])
+    assert results.height == 5 * len(cfg_k)
+    assert set(results.get_column("k").to_list()) == set(cfg_k)
+    assert results.get_column("n").unique().to_list() == [4]
+    assert results.get_column("temperature").unique().to_list() == [1.0]
+    assert results.get_column("top_p").unique().to_list() == [0.95]
+    assert results.get_column("model").unique().to_list() == [str(tiny_model)]
+    assert results.get_column("pass_at_k").is_between(0, 1).all()
+    items = dict(results.filter(pl.col("k") == 1).select("benchmark", "items").iter_rows())
+    assert items == {**{b: 1 for b in BENCHMARKS}, SYNTHETIC_BENCHMARK: 6}   # 3 tasks x 2 per task
+    # pass@k never decreases with k, item by item and so on average
+    wide = results.pivot(on="k", index="benchmark", values="pass_at_k")
+    assert (wide.get_column("4") >= wide.get_column("1")).all()
+    assert flow_result["items"] == 10 and flow_result["synthetic_items"] == 6
+
+
+def test_flow_records_items_and_mlflow_metrics(flow_result, eval_home):
+    wh = Warehouse(eval_home)
+    per_item = wh.read("eval_items")
+    assert per_item.height == 10 and per_item.get_column("n").unique().to_list() == [4]
+    assert (per_item.get_column("correct") <= per_item.get_column("n")).all()
+    tracking.configure(home=eval_home)   # artifact listing resolves runs through the global tracking URI
+    client = MlflowClient()
+    run = client.get_run(flow_result["mlflow_run_id"])
+    for bench in BENCHMARKS + [SYNTHETIC_BENCHMARK]:
+        assert f"eval.{bench}.pass_at_1" in run.data.metrics
+        assert run.data.metrics[f"eval.{bench}.items"] >= 1
+    assert run.data.tags["posttrain.model_source"] == "argument"
+    assert "plots/eval_pass_at_k.png" in [a.path for a in client.list_artifacts(run.info.run_id, "plots")]
+    inputs = {d.dataset.name.split("@")[0] for d in run.inputs.dataset_inputs}
+    assert {"benchmarks", "eval_results", "eval_items"} <= inputs
+    # results point back at the benchmark snapshot they were computed from
+    parents = json.loads(wh.history("eval_results").get_column("parents")[0])
+    assert any(p.startswith("benchmarks@") for p in parents)
+
+
+def test_newest_models_row_is_the_default_model(tmp_path, tiny_model):
+    wh = Warehouse(tmp_path)
+    row = {"model_id": "run1/sft_short", "run_name": "run1", "stage": "sft_short", "path": str(tiny_model),
+           "init_model": str(tiny_model), "profile": "tiny", "steps": 2, "data_snapshots": "[]", "config_hash": "x"}
+    wh.write("models", pl.DataFrame([row]), mode="append")
+    wh.write("models", pl.DataFrame([{**row, "model_id": "run1/rl", "stage": "rl"}]), mode="append")
+    chosen = choose_model(wh)
+    assert chosen == ModelChoice("run1/rl", str(tiny_model), "models table")
+    assert choose_model(wh, str(tiny_model)).source == "argument"
+
+
+def test_no_model_fails_with_a_clear_message(tmp_path):
+    with pytest.raises(LookupError, match="no model to evaluate.*--model"):
+        choose_model(Warehouse(tmp_path))
+    with pytest.raises(FileNotFoundError, match="neither an alias"):
+        choose_model(Warehouse(tmp_path), str(tmp_path / "missing-model"))
+
+
+def test_heldout_synthetic_seeds_are_disjoint_from_training(tmp_path):
+    from tasks.synth.config import SynthesizeConfig
+    from tasks.synthesize import run_synthesis
+
+    wh = Warehouse(tmp_path)
+    tasks = ["game_of_24", "word_sorting"]
+    training = run_synthesis(wh, SynthesizeConfig(per_task=6, tasks=tasks, default_levels=[0], use_calibration=False))
+    train_df = wh.read_ref(training)
+    assert (train_df.get_column("seed") >= 0).all()   # the training seed range
+    spec = SyntheticHeldout(tasks=tasks, per_task=5, levels=[0])
+    draw = heldout_synthetic_items(spec, set(train_df.get_column("id").to_list()))
+    assert len(draw.items) == 10
+    assert all(it.row["seed"] < 0 for it in draw.items)
+    assert not {it.row["id"] for it in draw.items} & set(train_df.get_column("id").to_list())
+    # an instance already in training is skipped and counted, even from a held-out seed
+    first = get_task("game_of_24").generate(heldout_seed(0), 0)
+    redraw = heldout_synthetic_items(SyntheticHeldout(tasks=["game_of_24"], per_task=2, levels=[0]), {first.id})
+    assert redraw.skipped_seen_in_training == 1
+    assert first.id not in {it.row["id"] for it in redraw.items} and len(redraw.items) == 2
+
+
+class GoldAnswerBackend:
+    """A test double of the RolloutBackend protocol that answers from the gold answer.
+
+    The tiny model's outputs are noise, so it never solves anything; this double checks
+    that correct answers are scored as correct and counted into pass@k. Sample ``i`` of
+    every prompt is right when ``i < right``.
+    """
+
+    name = "gold-answer-double"
+
+    def __init__(self, answers: dict[str, str], right: int):
+        self.answers, self.right = answers, right
+
+    def format_chat(self, messages):
+        return messages[-1]["content"]
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Completion]]:
+        out = []
+        for p in prompts:
+            gold = next(a for q, a in self.answers.items() if p.startswith(q))
+            out.append([Completion(text=gold if i < self.right else "no idea", token_ids=[1, 2])
+                        for i in range(params.n)])
+        return out
+
+
+def test_correct_answers_are_counted_into_unbiased_pass_at_k(eval_home):
+    wh = Warehouse(eval_home)
+    cfg = EvaluateConfig(benchmarks=["math500", "humaneval"], max_items=2, n=4, k=[1, 2, 4], synthetic=None,
+                         use_chat_template=False)
+    items = benchmark_items(wh, cfg)
+    answers = {}
+    for it in items:
+        if it.domain == "math":
+            answers[it.row["prompt"]] = f"The answer is \\boxed{{{it.row['answer']}}}."
+        else:   # HumanEval's canonical solution (stored as the answer), fenced with its signature
+            answers[it.row["prompt"]] = f"```python\n{it.row['prompt']}{it.row['answer']}```"
+    results = evaluate_items(items, GoldAnswerBackend(answers, right=1), cfg)
+    assert [r.correct for r in results] == [1] * 4, [(r.item.item_id, r.first_error) for r in results]
+    summary = summarize(results, cfg, ModelChoice("gold", "-", "argument"), "double", None)
+    got = {(r["benchmark"], r["k"]): r["pass_at_k"] for r in summary.iter_rows(named=True)}
+    # one correct sample in four: pass@1 = 1/4, pass@2 = 1 - C(3,2)/C(4,2) = 1/2, pass@4 = 1
+    for bench_name in ("math500", "humaneval"):
+        assert got[(bench_name, 1)] == pytest.approx(0.25)
+        assert got[(bench_name, 2)] == pytest.approx(0.5)
+        assert got[(bench_name, 4)] == pytest.approx(1.0)
+
+
+def test_config_errors_name_the_problem(eval_home):
+    with pytest.raises(ValueError, match="every k must be in 1..n=4"):
+        EvaluateConfig(n=4, k=[1, 8])
+    with pytest.raises(LookupError, match="'gsm8k' has no rows.*available"):
+        benchmark_items(Warehouse(eval_home), EvaluateConfig(benchmarks=["gsm8k"]))
+    with pytest.raises(ValueError, match="levels \\[99\\] not usable for task 'game_of_24'"):
+        heldout_synthetic_items(SyntheticHeldout(tasks=["game_of_24"], levels=[99]), set())
