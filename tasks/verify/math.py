@@ -50,7 +50,8 @@ def _timeout_s() -> int | None:
     return _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
 
-def _parse(expression: str):
+def parse_math_answer(expression: str) -> list:
+    """math-verify's parse of an answer (bare or in $...$ / \\boxed{}); empty when unparseable."""
     seconds = _timeout_s()
     wrapped = expression if "$" in expression or "\\boxed" in expression else f"${expression}$"
     parsed = parse(wrapped, extraction_config=_EXTRACTION, parsing_timeout=seconds)
@@ -63,7 +64,7 @@ def math_equal(gold: str, predicted: str) -> bool:
     """math-verify equivalence of two answer strings, with exact match as the fallback."""
     if gold.strip() == predicted.strip():
         return True
-    gold_parsed, predicted_parsed = _parse(gold), _parse(predicted)
+    gold_parsed, predicted_parsed = parse_math_answer(gold), parse_math_answer(predicted)
     if not gold_parsed or not predicted_parsed:
         return False
     try:

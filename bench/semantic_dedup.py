@@ -1,0 +1,83 @@
+"""Semantic dedup overhead: the curate semantic stage over N rows / bare MiniLM encode of those rows.
+
+The stage does the warehouse lookup of stored embeddings, the encode, the blocked
+neighbour search (new vs kept rows and within new rows) and the keep rule; the peer is
+``SentenceTransformer.encode`` on exactly the texts that entered the stage, same batch
+size. Target <= 1.15.
+
+    .venv/bin/python bench/semantic_dedup.py --rows 3000
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
+
+from tasks.curate.config import CurateConfig, DecontamConfig, SemanticConfig
+from tasks.curate.parallel import LocalMapper
+from tasks.curate.pipeline import Curation
+from tasks.curate.semantic import encode, load_model
+from tasks.ingest import RawRecord, store_records
+from warehouse import Warehouse
+
+SUBJECTS = ["train", "farmer", "river", "library", "robot", "garden", "bakery", "comet", "violin", "harbor"]
+VERBS = ["travels", "collects", "measures", "paints", "counts", "repairs", "orders", "observes"]
+
+
+def corpus(rows: int, seed: int = 0) -> list[str]:
+    """Distinct questions plus ~10% light rewordings (the semantic duplicates to find)."""
+    rng = np.random.default_rng(seed)
+    texts = []
+    for i in range(rows):
+        if texts and rng.random() < 0.1:
+            source = texts[int(rng.integers(len(texts)))]
+            texts.append(source.replace("How many items does", "What count of items does"))
+        else:
+            s, v = rng.choice(SUBJECTS), rng.choice(VERBS)
+            texts.append(f"How many items does the {s} number {i} that {v} {int(rng.integers(2, 999))} things "
+                         f"per day handle after {int(rng.integers(2, 60))} days?")
+    return texts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=3000)
+    ap.add_argument("--batch-size", type=int, default=64)
+    args = ap.parse_args()
+    texts = corpus(args.rows)
+    sem = SemanticConfig(batch_size=args.batch_size, threshold=0.95)
+    load_model(sem)
+    encode(texts[:64], sem)                      # warm-up outside both timings
+
+    with tempfile.TemporaryDirectory() as home:
+        wh = Warehouse(home)
+        store_records(wh, [RawRecord("bench", i + 1, data={"prompt": t, "answer": "1", "domain": "logic"})
+                           for i, t in enumerate(texts)], "bench")
+        cfg = CurateConfig(semantic=sem, decontam=DecontamConfig(embedding=False), chunk_rows=args.rows)
+        cur = Curation(wh, cfg, "bench", LocalMapper())
+        cur.filter(wh.read("prompts"))
+        cur.exact()
+        cur.minhash()
+        entering = [cur._prompt(int(n)) for n in cur._alive_new()]
+
+        t0 = time.perf_counter()
+        encode(entering, sem)
+        bare = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cur.semantic()
+        stage_s = time.perf_counter() - t0
+    stage = cur.stages["curate.semantic"]
+    print(f"rows={args.rows} entering semantic={stage.rows_in} removed={stage.removed_total} "
+          f"encoded={cur.embeddings.encoded['prompt']}")
+    print(f"bare encode: {bare:.1f}s ({len(entering) / bare:.0f} rows/s)   semantic stage: {stage_s:.1f}s")
+    print(f"ratio semantic_dedup/encode = {stage_s / bare:.3f}  (target <= 1.15)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The ``curate`` flow: prompts -> leak-free, decontaminated ``sft_pool`` and ``rl_pool``."""
+from __future__ import annotations
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.common import flow_context, flow_logger, report_progress
+from tasks import tracking
+from tasks.curate import CurateConfig, run_curate
+from tasks.curate.parallel import DaskMapper, LocalMapper
+from tasks.curate.report import log_curate
+from warehouse import Warehouse
+
+
+@task(name="curate-run", cache_policy=NO_CACHE, persist_result=False)
+def curate_task(home: str, cfg: CurateConfig, run_id: str, task_runner: str, dask_settings: dict,
+                dask_processes: bool):
+    """Runs every curate step; heavy map steps go to Dask when the profile asks for it."""
+    mapper = LocalMapper() if task_runner == "local" else DaskMapper(
+        address=dask_settings.get("address"), n_workers=dask_settings.get("n_workers", 2),
+        threads_per_worker=dask_settings.get("threads_per_worker", 1), processes=dask_processes)
+    try:
+        return run_curate(Warehouse(home), cfg, run_id=run_id, mapper=mapper)
+    finally:
+        mapper.close()
+
+
+@flow(name="curate", log_prints=True)
+def curate_flow(profile: str = "tiny", home: str | None = None, dask_processes: bool = True) -> dict:
+    """Curate prompts not seen by an earlier run; returns table refs, counters and the MLflow run id.
+
+    ``dask_processes=False`` runs Dask workers as threads (faster start, same code path).
+    """
+    log = flow_logger()
+    report_progress("curate", "start")
+    with flow_context("curate", profile, home, {"dask_processes": dask_processes}, sections=("curate",)) as ctx:
+        cfg = ctx.profile.section("curate", CurateConfig)
+        for name in ("prompts", "benchmarks"):
+            ref = ctx.wh.latest(name)
+            if ref is not None:
+                tracking.log_table(ref, context="input", run_id=ctx.run_id)
+        core = ctx.profile.core
+        result = curate_task(str(ctx.wh.home), cfg, ctx.run_id, core.task_runner, core.dask.model_dump(),
+                             dask_processes)
+        log_curate(result, {"minhash_candidate_jaccard": cfg.minhash.threshold,
+                            "semantic_nearest_cosine": cfg.semantic.threshold,
+                            "decontam_embedding_cosine": cfg.decontam.embedding_threshold}, run_id=ctx.run_id)
+        for stage in result.stages.values():
+            log.info("%s: %d in, %d kept, %d removed %s", stage.stage, stage.rows_in, stage.kept,
+                     stage.removed_total, dict(stage.removed))
+        outputs = ctx.log_outputs(result.refs)
+        report_progress("curate", "done")
+        return {"mlflow_run_id": ctx.run_id, "tables": outputs, "runner": core.task_runner,
+                "stages": {s.stage: s.counters() for s in result.stages.values()}, **result.counters}

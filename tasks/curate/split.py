@@ -1,0 +1,92 @@
+"""Leak-free SFT / RL split.
+
+A leakage cluster is a connected component of every duplicate link the dedup stages saw
+(exact, MinHash and semantic edges, removed rows included), so rows that are duplicates
+through a chain still share a cluster. A whole cluster goes to one pool. When new rows
+join a cluster that already has pool rows, they follow that pool; a new row whose cluster
+already spans both pools is dropped. Because dedup is global (new rows against every kept
+row), the RL pool is deduplicated against the SFT pool by construction; ``cross_pool_edges``
+re-checks it on the final pools.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+
+import numpy as np
+
+from tasks.curate.config import SplitConfig
+from tasks.curate.minhash import components
+
+SFT, RL = "sft", "rl"
+
+
+def hash_fraction(key: str, seed: int) -> float:
+    """Deterministic value in [0, 1) from a key: the same cluster always lands the same way."""
+    digest = hashlib.sha256(f"{seed}\x1f{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def choose_pool(cluster_id: str, all_verifiable: bool, cfg: SplitConfig) -> str:
+    to_rl = hash_fraction(cluster_id, cfg.seed) < cfg.rl_fraction
+    if cfg.strategy == "verifiable_to_rl":
+        return RL if all_verifiable and to_rl else SFT
+    return RL if to_rl else SFT
+
+
+class LinkGraph:
+    """Duplicate links between nodes (old pool rows first, then this run's candidate rows)."""
+
+    def __init__(self, n_nodes: int):
+        self.n = n_nodes
+        self._edges: list[np.ndarray] = []
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> None:
+        if len(a):
+            self._edges.append(np.stack([np.asarray(a, np.int64), np.asarray(b, np.int64)], axis=1))
+
+    def edges(self) -> np.ndarray:
+        return np.concatenate(self._edges) if self._edges else np.zeros((0, 2), np.int64)
+
+    def labels(self) -> np.ndarray:
+        return components(self.n, self.edges())
+
+
+def assign_pools(labels: np.ndarray, kept: np.ndarray, is_old: np.ndarray, old_pool: list[str | None],
+                 old_cluster: list[str | None], node_ids: list[str], verifiable: np.ndarray,
+                 cfg: SplitConfig) -> tuple[list[str | None], list[str | None], dict[int, str]]:
+    """(pool per node, cluster id per node, {new node: old node it straddles with}).
+
+    Only kept nodes get a pool. A component's cluster id is the smallest old cluster id in
+    it, else the smallest row id among its kept rows (stable across runs).
+    """
+    pool: list[str | None] = [None] * len(labels)
+    cluster: list[str | None] = [None] * len(labels)
+    straddling: dict[int, str] = {}
+    order = np.argsort(labels, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, labels[order][1:] != labels[order][:-1], True])
+    for s, e in itertools.pairwise(bounds):
+        members = order[s:e]
+        members = members[kept[members]]
+        if not len(members):
+            continue
+        old = [m for m in members if is_old[m]]
+        new = [m for m in members if not is_old[m]]
+        old_pools = {old_pool[m] for m in old}
+        cid = min((old_cluster[m] for m in old if old_cluster[m]), default=None) or min(node_ids[m] for m in members)
+        if len(old_pools) > 1:
+            rl_member = next(m for m in old if old_pool[m] == RL)
+            for m in new:
+                straddling[m] = node_ids[rl_member]
+            for m in old:
+                pool[m], cluster[m] = old_pool[m], old_cluster[m] or cid
+            continue
+        chosen = old_pools.pop() if old_pools else choose_pool(cid, bool(verifiable[members].all()), cfg)
+        for m in members:
+            pool[m], cluster[m] = chosen, cid
+    return pool, cluster, straddling
+
+
+def cross_pool_edges(edges: np.ndarray, pool: list[str | None]) -> int:
+    """Links between a kept SFT row and a kept RL row (must be zero)."""
+    return sum(1 for a, b in edges if pool[a] and pool[b] and pool[a] != pool[b])

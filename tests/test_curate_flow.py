@@ -1,0 +1,94 @@
+"""The curate flow end to end: pools, accounting, MLflow, and Dask giving the same decisions."""
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.curate import curate_flow
+from tasks import tracking
+from tasks.curate.config import SemanticConfig
+from tasks.curate.semantic import load_model
+from tasks.ingest import RawRecord, store_records
+from warehouse import Warehouse
+
+TEMPLATE = "A bag holds {n} red marbles and {m} blue marbles; how many ways can we draw {k} marbles of one colour"
+PROMPTS = (
+    [{"prompt": TEMPLATE.format(n=n, m=m, k=2) + "?", "answer": str(n + m), "domain": "math"}
+     for n, m in [(3, 4), (5, 6), (7, 8)]]
+    + [{"prompt": TEMPLATE.format(n=3, m=4, k=2) + " ?", "answer": "7", "domain": "math"},          # exact dup
+       {"prompt": "Prove that the square root of two is irrational.", "answer": "0", "domain": "math"},
+       {"prompt": "Is 97 a prime number, given it is odd?", "answer": "Yes", "domain": "math"},
+       {"prompt": "Which is the largest? (A) 2 (B) 9 (C) 4", "answer": "B", "domain": "math"},
+       {"prompt": "How many positive divisors does the number 3600 have?", "answer": "45", "domain": "math"},
+       {"prompt": "Spell this word backward (example: sun -> nus): harbor", "answer": "robrah", "domain": "logic"},
+       {"prompt": "Write a short poem about the sea and its colours.", "answer": "Waves...", "domain": "general"}]
+)
+BENCH = [{"item_id": "b1", "prompt": "How many positive divisors does the number 3600 have?", "answer": "45",
+          "domain": "math"}]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def model_once():
+    load_model(SemanticConfig())
+
+
+def _ingest(wh):
+    store_records(wh, [RawRecord("t.jsonl", i + 1, data=r) for i, r in enumerate(PROMPTS)], "unit")
+    store_records(wh, [RawRecord("b.jsonl", 1, data=BENCH[0])], "tinybench", kind="benchmarks")
+
+
+def _decisions(wh: Warehouse) -> pl.DataFrame:
+    return (wh.read("decisions").select("row_id", "stage", "decision", "reason", "reference_id",
+                                        pl.col("score").round(4)).sort("row_id", "stage", "decision"))
+
+
+def test_curate_flow_pools_accounting_mlflow(home, wh):
+    _ingest(wh)
+    out = curate_flow(profile="tiny", home=str(home))
+    sft, rl = wh.read("sft_pool"), wh.read("rl_pool")
+    assert out["sft_pool"] == sft.height and out["rl_pool"] == rl.height
+    assert set(sft["pool"]) <= {"sft"} and set(rl["pool"]) <= {"rl"} and rl["verifiable"].all()
+    assert not set(sft["cluster_id"]) & set(rl["cluster_id"])          # no cluster straddles the pools
+    d = wh.read("decisions")
+    removed = d.filter(pl.col("decision") == "removed")
+    # rows in = rows kept + rows removed, over the whole run and per stage
+    assert len(PROMPTS) == sft.height + rl.height + removed.height
+    for stage, counts in out["stages"].items():
+        assert counts["rows_in"] == counts["kept"] + counts["removed"], stage
+        assert counts["removed"] == removed.filter(pl.col("stage") == stage).height
+    reasons = dict(zip(*removed.group_by("reason").len().sort("reason").to_dict(as_series=False).values()))
+    assert reasons["exact_duplicate"] == 1 and reasons["proof:proof_question"] == 1
+    assert reasons["binary_answer:yes_no_true_false"] == 1
+    assert removed.filter(pl.col("stage") == "curate.decontam")["reference_id"].to_list() == ["tinybench:b1"]
+    rewritten = d.filter(pl.col("decision") == "rewritten")
+    assert rewritten["reason"].to_list() == ["multiple_choice:rewritten_open_ended"]
+    assert pl.concat([sft, rl]).filter(pl.col("id") == rewritten["row_id"][0])["answer"].to_list() == ["9"]
+
+    tracking.configure(home=home)
+    run = MlflowClient().get_run(out["mlflow_run_id"])
+    assert run.data.metrics["curate.filter.rows_in"] == len(PROMPTS)
+    assert run.data.metrics["curate.rows_new"] == len(PROMPTS)
+    artifacts = {a.path for a in MlflowClient().list_artifacts(run.info.run_id, "plots")}
+    assert {"plots/curate_funnel.png", "plots/curate_similarity.png"} <= artifacts
+
+
+def test_dask_runner_gives_the_same_decisions(tmp_path, monkeypatch):
+    homes = {}
+    for runner in ("local", "dask"):
+        home = tmp_path / runner
+        home.mkdir()
+        monkeypatch.setenv("POSTTRAIN_HOME", str(home))
+        monkeypatch.setenv("POSTTRAIN__PROFILE__TASK_RUNNER", runner)
+        monkeypatch.setenv("POSTTRAIN__CURATE__CHUNK_ROWS", "4")     # several map tasks per step
+        wh = Warehouse(home)
+        _ingest(wh)
+        # thread workers: a 2-worker LocalCluster with processes=False starts in about a second here
+        out = curate_flow(profile="tiny", home=str(home), dask_processes=False)
+        assert out["runner"] == runner
+        homes[runner] = wh
+    local, dask = _decisions(homes["local"]), _decisions(homes["dask"])
+    assert local.height > 0 and local.equals(dask)
+    for name in ("sft_pool", "rl_pool"):
+        cols = ["id", "prompt", "answer", "cluster_id", "pool"]
+        assert homes["local"].read(name).select(cols).sort("id").equals(homes["dask"].read(name).select(cols).sort("id"))
