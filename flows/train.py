@@ -1,0 +1,225 @@
+"""The ``train`` flow: sft_short -> sft_long -> dpo_short -> dpo_long -> rl on DeepSpeed.
+
+Each stage is a Prefect task with its own MLflow child run (params, per-step curves, the
+DeepSpeed JSON, plots, its data snapshot as a dataset input, the final weights), and a
+``models`` row whose parents are the snapshots it trained on. Stages checkpoint under
+``$POSTTRAIN_HOME/checkpoints/<run>/<stage>/``: with ``resume=True`` a killed stage
+continues from its last checkpoint and a finished one is not trained again, as long as
+its config, data and initial model are unchanged.
+
+Public entry points: ``train_flow`` (all or some stages), ``train_stage_flow`` (one stage)
+and one function per stage (``sft_short``, ``sft_long``, ``dpo_short``, ``dpo_long``, ``rl``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import polars as pl
+from prefect import flow, task
+
+from data_specs import get_spec
+from flows.common import flow_context, flow_logger, report_progress
+from tasks import tracking
+from tasks.train import checkpoint
+from tasks.train.base_model import prepare_base_model
+from tasks.train.config import STAGE_ORDER, TrainConfig
+from tasks.train.registry import register_model
+from tasks.train.runner import StageJob, execute_stage
+from warehouse import TableRef, Warehouse
+from warehouse.store import frame_digest
+
+STAGE_TABLE = {"sft_short": "sft_data", "sft_long": "sft_data", "dpo_short": "dpo_pairs",
+               "dpo_long": "dpo_pairs", "rl": "rl_prompts"}
+
+
+def _digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@task(name="train-base-model")
+def base_model_task(home: str, cfg: dict, model_section: dict, seed: int) -> str:
+    return str(prepare_base_model(Warehouse(home), TrainConfig(**cfg).base_model, model_section, seed))
+
+
+def _write_if_changed(wh: Warehouse, name: str, frame: pl.DataFrame, parents: list[TableRef]) -> TableRef:
+    """A new snapshot only when the content changed, so unchanged data keeps stages resumable."""
+    spec = get_spec(name)
+    valid = spec.validate(frame)[0] if spec else frame
+    latest = wh.latest(name)
+    if latest is not None and latest.content_hash == frame_digest(valid):
+        return latest
+    return wh.write(name, frame, parents=parents)
+
+
+@task(name="train-build-data")
+def build_data_task(home: str, cfg: dict, base_model: str) -> dict[str, str]:
+    """Write sft_data, dpo_pairs and rl_prompts from the warehouse; their refs by name."""
+    from transformers import AutoTokenizer
+
+    from tasks.train import data as train_data
+
+    wh, conf = Warehouse(home), TrainConfig(**cfg)
+    tokenizer = AutoTokenizer.from_pretrained(base_model)
+    refs: dict[str, str] = {}
+    for name, build in (("sft_data", lambda: train_data.build_sft_data(wh, conf, tokenizer)),
+                        ("dpo_pairs", lambda: train_data.build_dpo_pairs(wh, conf, tokenizer)),
+                        ("rl_prompts", lambda: train_data.build_rl_prompts(wh, conf))):
+        frame, parents, report = build()
+        tracking.log_counters(report.counters(), prefix=f"data.{name}")
+        if not frame.is_empty():
+            refs[name] = str(_write_if_changed(wh, name, frame, train_data._unique_refs(parents)))
+    return refs
+
+
+@task(name="train-stage")
+def train_stage_task(stage: str, home: str, profile: str, run_name: str, init_model: str, data_ref: str,
+                     cfg: dict, config_hash: str, parent_run_id: str | None, resume: bool = True) -> dict:
+    """Train one stage in its own MLflow child run and register the resulting model."""
+    wh, conf = Warehouse(home), TrainConfig(**cfg)
+    ref = TableRef.parse(data_ref)
+    ref = TableRef(ref.name, ref.snapshot, *_ref_meta(wh, ref))
+    params = {"stage": stage, "run_name": run_name, "init_model": init_model, "data": data_ref,
+              "stage_config": conf.stage(stage).model_dump(), "engine": conf.engine.model_dump(),
+              "optimizer": conf.optimizer.model_dump(), "seed": conf.seed}
+    with tracking.tracked_run(stage, params=params, parent_run_id=parent_run_id,
+                              tags={"posttrain.profile": profile, "posttrain.train_run": run_name}) as run_id:
+        tracking.log_table(ref, context="input")
+        fingerprint = _digest(config_hash, stage, ref.content_hash, _model_identity(init_model))
+        job = StageJob(stage=stage, home=home, run_name=run_name, profile=profile, init_model=init_model,
+                       data_ref=str(ref), config=cfg, fingerprint=fingerprint, mlflow_run_id=run_id,
+                       tracking_uri=tracking.mlflow.get_tracking_uri())
+        skipped = _prepare_stage_dir(job, resume)
+        result = checkpoint.read_done(job.stage_path) if skipped else execute_stage(job)
+        model_ref = register_model(wh, run_name=run_name, stage=stage, result=result, init_model=init_model,
+                                   profile=profile, parents=[ref], config_hash=config_hash,
+                                   mlflow_run_id=run_id, log_weights_max_mb=conf.log_weights_max_mb)
+        tracking.log_table(model_ref, context="output")
+        tracking.set_tags({"posttrain.skipped": skipped})
+        return {**result, "mlflow_run_id": run_id, "skipped": skipped, "models": str(model_ref), "data": str(ref)}
+
+
+def _model_identity(path: str) -> str:
+    """What the initial model is: the fingerprint of the stage that wrote it, else its path.
+
+    A stage's final directory keeps its path across retrains, so the path alone would let
+    a later stage resume on top of weights that have since changed.
+    """
+    job = Path(path).parent / "job.json"
+    return StageJob.load(job).fingerprint if job.exists() else path
+
+
+def _ref_meta(wh: Warehouse, ref: TableRef) -> tuple[int, str]:
+    row = wh.history(ref.name).filter(pl.col("snapshot") == ref.snapshot)
+    if row.is_empty():
+        raise KeyError(f"{ref} does not exist")
+    return int(row["rows"][0]), row["content_hash"][0]
+
+
+def _prepare_stage_dir(job: StageJob, resume: bool) -> bool:
+    """True when the stage already finished with the same inputs (nothing to train).
+
+    A stage directory left by different inputs, or any directory when ``resume`` is off,
+    is cleared so training starts from the initial model.
+    """
+    path = job.stage_path
+    previous = path / "job.json"
+    same = previous.exists() and StageJob.load(previous).fingerprint == job.fingerprint
+    if resume and same:
+        return checkpoint.is_done(path)
+    if path.exists():
+        shutil.rmtree(path)
+    return False
+
+
+def _run_name(profile, run_name: str | None, config_hash: str) -> str:
+    return run_name or f"{profile.name}-{config_hash}"
+
+
+def _stage_sequence(stages: list[str] | None, cfg: TrainConfig) -> list[str]:
+    wanted = list(stages) if stages is not None else list(cfg.stages)
+    unknown = [s for s in wanted if s not in STAGE_ORDER]
+    if unknown:
+        raise ValueError(f"unknown training stage(s) {unknown}; expected some of {list(STAGE_ORDER)}")
+    return [s for s in STAGE_ORDER if s in wanted]
+
+
+def _previous_model(wh: Warehouse, run_name: str, stage: str, base: str) -> str:
+    """The newest model this run produced in a stage before ``stage``, else the base model."""
+    if not wh.exists("models"):
+        return base
+    models = wh.read("models").filter(pl.col("run_name") == run_name)
+    earlier = STAGE_ORDER[: STAGE_ORDER.index(stage)]
+    for prev in reversed(earlier):
+        rows = models.filter(pl.col("stage") == prev)
+        if rows.height:
+            return rows["path"][-1]
+    return base
+
+
+@flow(name="train", log_prints=True)
+def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str] | None = None,
+               resume: bool = True, run_name: str | None = None) -> dict:
+    """Run the training stages in order, each starting from the previous stage's model."""
+    log = flow_logger()
+    report_progress("train", "start")
+    with flow_context("train", profile, home, {"stages": stages or "all", "resume": resume},
+                      sections=("train", "model")) as ctx:
+        cfg = ctx.profile.section("train", TrainConfig)
+        wh, home_str = ctx.wh, str(ctx.wh.home)
+        config_hash = ctx.profile.config_hash("train", "model")
+        name = _run_name(ctx.profile, run_name, config_hash)
+        sequence = _stage_sequence(stages, cfg)
+        base = base_model_task(home_str, cfg.model_dump(), ctx.profile.raw("model"), ctx.profile.core.seed)
+        data_refs = build_data_task(home_str, cfg.model_dump(), base)
+        for ref in data_refs.values():
+            parsed = TableRef.parse(ref)
+            tracking.log_table(TableRef(parsed.name, parsed.snapshot, *_ref_meta(wh, parsed)), context="output")
+        results: dict[str, dict] = {}
+        init_model = _previous_model(wh, name, sequence[0], base) if sequence else base
+        for stage in sequence:
+            table = STAGE_TABLE[stage]
+            if table not in data_refs:
+                raise ValueError(f"stage {stage}: the warehouse yielded no {table} rows "
+                                 "(ingest, curate or synthesize data first)")
+            report_progress(f"train.{stage}", "start")
+            res = train_stage_task(stage, home_str, ctx.profile.name, name, init_model, data_refs[table],
+                                   cfg.model_dump(), config_hash, ctx.run_id, resume)
+            log.info("train %s: %s steps in %.1fs, final loss %s%s", stage, res.get("steps"), res.get("seconds", 0),
+                     res.get("final_loss"), " (already done)" if res.get("skipped") else "")
+            results[stage] = res
+            init_model = res["path"]
+            report_progress(f"train.{stage}", "done")
+        report_progress("train", "done")
+        return {"mlflow_run_id": ctx.run_id, "run_name": name, "base_model": base, "data": data_refs,
+                "stages": results, "final_model": init_model,
+                "tables": {**data_refs, **({"models": str(wh.latest("models"))} if wh.exists("models") else {})}}
+
+
+@flow(name="train-stage")
+def train_stage_flow(stage: str, profile: str = "tiny", home: str | None = None, resume: bool = True,
+                     run_name: str | None = None) -> dict:
+    """One stage on its own (it starts from this run's previous stage's model, else the base)."""
+    return train_flow(profile=profile, home=home, stages=[stage], resume=resume, run_name=run_name)
+
+
+def sft_short(profile: str = "tiny", home: str | None = None, **kw) -> dict:
+    return train_stage_flow("sft_short", profile, home, **kw)
+
+
+def sft_long(profile: str = "tiny", home: str | None = None, **kw) -> dict:
+    return train_stage_flow("sft_long", profile, home, **kw)
+
+
+def dpo_short(profile: str = "tiny", home: str | None = None, **kw) -> dict:
+    return train_stage_flow("dpo_short", profile, home, **kw)
+
+
+def dpo_long(profile: str = "tiny", home: str | None = None, **kw) -> dict:
+    return train_stage_flow("dpo_long", profile, home, **kw)
+
+
+def rl(profile: str = "tiny", home: str | None = None, **kw) -> dict:
+    return train_stage_flow("rl", profile, home, **kw)
