@@ -31,6 +31,8 @@ def ingest_bundled_task(home: str, name: str, cfg: IngestConfig, seed: int, run_
     if name == "reasoning_gym":
         recs = sources.reasoning_gym_records(cfg.reasoning_gym_tasks, cfg.reasoning_gym_per_task, seed)
         return store_records(wh, recs, "reasoning_gym", kind="prompts", run_id=run_id)
+    if name == "open_prompts":
+        return store_records(wh, sources.open_prompt_records(), "open_prompts", kind="prompts", run_id=run_id)
     raise ValueError(f"unknown bundled source {name!r}; known: {list(BUNDLED_SOURCES)}")
 
 

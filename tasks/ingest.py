@@ -25,7 +25,7 @@ from warehouse import TableRef, Warehouse
 
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".csv", ".parquet")
 MAX_LINE_BYTES = 4 * MAX_TEXT_CHARS
-BUNDLED_SOURCES = ("mmath", "humaneval", "champ", "reasoning_gym")
+BUNDLED_SOURCES = ("mmath", "humaneval", "champ", "reasoning_gym", "open_prompts")
 
 # Accepted spellings of each field in user files, first match wins.
 FIELD_ALIASES: dict[str, tuple[str, ...]] = {

@@ -5,6 +5,9 @@
 - ``champ`` (champ-dataset): 270 competition problems -> ``prompts`` (math)
 - ``reasoning_gym``: seeded generators -> ``prompts`` (logic); the generator name, seed and
   index are kept in metadata so a verifier can rebuild the entry and call ``score_answer``.
+- ``open_prompts``: a small instruction-following set written for posttrain (shipped in
+  ``tasks/data``), each with a reference answer and checkable constraints in metadata, so
+  the GenRM reference stage has open prompts to judge.
 """
 from __future__ import annotations
 
@@ -79,3 +82,12 @@ def reasoning_gym_records(tasks: list[str], per_task: int, seed: int = 0) -> Ite
             data = {"prompt": entry["question"], "answer": str(entry["answer"]), "domain": "logic",
                     "metadata": {"rg_dataset": name, "rg_seed": seed, "rg_size": per_task, "rg_index": i}}
             yield RawRecord(f"reasoning_gym:{name}", i + 1, data=data, raw=json.dumps(data)[:2000])
+
+
+def open_prompt_records() -> list[RawRecord]:
+    path = _package_file("tasks", "data", "open_prompts.jsonl")
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for i, line in enumerate(fh, start=1):
+            out.append(RawRecord(str(path), i, data=json.loads(line), raw=line[:2000]))
+    return out

@@ -4,7 +4,9 @@ import polars as pl
 import pytest
 
 from tasks.ingest import ingest_files, read_records, store_records
-from tasks.sources import champ_records, humaneval_records, mmath_records, reasoning_gym_records
+from tasks.genrm.judge import constraints_from_metadata
+from tasks.sources import (champ_records, humaneval_records, mmath_records, open_prompt_records,
+                           reasoning_gym_records)
 from warehouse import Warehouse
 
 
@@ -101,6 +103,9 @@ def test_bundled_sources_read_offline():
     assert len(he) == 164 and "check(" in he[0].data["tests"]
     ch = champ_records()
     assert len(ch) == 270 and all(r.data["answer"] for r in ch)
+    op = open_prompt_records()
+    assert len(op) == 20 and {r.data["domain"] for r in op} == {"instruction"}
+    assert all(constraints_from_metadata(r.data["metadata"]) is not None for r in op)
     rg = list(reasoning_gym_records(["basic_arithmetic", "no_such_task"], 3, seed=1))
     assert [r.reason is None for r in rg] == [True, True, True, False]
     assert json.loads(json.dumps(rg[0].data["metadata"]))["rg_dataset"] == "basic_arithmetic"
