@@ -20,7 +20,6 @@ from pathlib import Path
 import polars as pl
 from prefect import flow, task
 
-from data_specs import get_spec
 from flows.common import flow_context, flow_logger, report_progress
 from tasks import tracking
 from tasks.train import checkpoint
@@ -29,7 +28,6 @@ from tasks.train.config import STAGE_ORDER, TrainConfig
 from tasks.train.registry import register_model
 from tasks.train.runner import StageJob, execute_stage
 from warehouse import TableRef, Warehouse
-from warehouse.store import frame_digest
 
 STAGE_TABLE = {"sft_short": "sft_data", "sft_long": "sft_data", "dpo_short": "dpo_pairs",
                "dpo_long": "dpo_pairs", "rl": "rl_prompts"}
@@ -44,34 +42,18 @@ def base_model_task(home: str, cfg: dict, model_section: dict, seed: int) -> str
     return str(prepare_base_model(Warehouse(home), TrainConfig(**cfg).base_model, model_section, seed))
 
 
-def _write_if_changed(wh: Warehouse, name: str, frame: pl.DataFrame, parents: list[TableRef]) -> TableRef:
-    """A new snapshot only when the content changed, so unchanged data keeps stages resumable."""
-    spec = get_spec(name)
-    valid = spec.validate(frame)[0] if spec else frame
-    latest = wh.latest(name)
-    if latest is not None and latest.content_hash == frame_digest(valid):
-        return latest
-    return wh.write(name, frame, parents=parents)
-
-
 @task(name="train-build-data")
 def build_data_task(home: str, cfg: dict, base_model: str) -> dict[str, str]:
     """Write sft_data, dpo_pairs and rl_prompts from the warehouse; their refs by name."""
     from transformers import AutoTokenizer
 
-    from tasks.train import data as train_data
+    from tasks.train.data import write_training_tables
 
-    wh, conf = Warehouse(home), TrainConfig(**cfg)
     tokenizer = AutoTokenizer.from_pretrained(base_model)
-    refs: dict[str, str] = {}
-    for name, build in (("sft_data", lambda: train_data.build_sft_data(wh, conf, tokenizer)),
-                        ("dpo_pairs", lambda: train_data.build_dpo_pairs(wh, conf, tokenizer)),
-                        ("rl_prompts", lambda: train_data.build_rl_prompts(wh, conf))):
-        frame, parents, report = build()
+    refs, reports = write_training_tables(Warehouse(home), TrainConfig(**cfg), tokenizer)
+    for name, report in reports.items():
         tracking.log_counters(report.counters(), prefix=f"data.{name}")
-        if not frame.is_empty():
-            refs[name] = str(_write_if_changed(wh, name, frame, train_data._unique_refs(parents)))
-    return refs
+    return {name: str(ref) for name, ref in refs.items()}
 
 
 @task(name="train-stage")

@@ -1,0 +1,262 @@
+"""Every training loss in one module: SFT cross-entropy, DPO, GRPO, DAPO and CISPO.
+
+All policy losses take per-token tensors of shape [B, T] (B responses, T response
+positions) with a 0/1 ``mask`` of the tokens that count, and return a scalar loss to
+*minimize* plus a dict of detached statistics. Rows of a batch are laid out group by group
+(``group_size`` consecutive rows answer the same prompt).
+
+References: DPO (Rafailov et al. 2023, sigmoid loss); GRPO (Shao et al. 2024, DeepSeekMath:
+PPO-clip per token, mean over each response, then over responses); DAPO (Yu et al. 2025:
+clip-higher, token-mean over the batch); CISPO (MiniMax-M1, arXiv 2506.13585, Eq. 4-5 and the
+Eq. 7 mask variant).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+# M1 section 3.1 / Appendix: AdamW with beta = (0.9, 0.95) and eps = 1e-15, because the
+# gradients of a large model span many orders of magnitude and late-training updates are tiny.
+M1_ADAM_BETAS = (0.9, 0.95)
+M1_ADAM_EPS = 1e-15
+
+
+def build_adamw(params, lr: float, betas: tuple[float, float] = M1_ADAM_BETAS, eps: float = M1_ADAM_EPS,
+                weight_decay: float = 0.0) -> torch.optim.AdamW:
+    """The M1 optimizer: a plain torch AdamW (DeepSpeed accepts it with zero_allow_untested_optimizer)."""
+    return torch.optim.AdamW(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+
+
+# --------------------------------------------------------------------------- log-probs
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP32 log p(label) and entropy per position from full logits (labels -100 give log-prob 0)."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    valid = labels != IGNORE_INDEX
+    picked = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return torch.where(valid, picked, torch.zeros_like(picked)), entropy
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                   labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log-prob, entropy, auxiliary loss) of every next token, [B, T-1] each.
+
+    ``logp[:, t]`` scores ``labels[:, t+1]`` (labels default to input_ids; -100 is ignored).
+    Models that expose ``token_logprobs`` (the in-house hybrid) go through the fused FP32
+    kernel that never builds full-vocabulary logits; any other causal LM through its logits.
+    The auxiliary loss is the MoE balance loss already scaled by its coefficient (0 if none).
+    """
+    labels = input_ids if labels is None else labels
+    if hasattr(model, "token_logprobs"):
+        logp, entropy, aux = model.token_logprobs(input_ids, attention_mask, labels, with_aux=True)
+        coef = float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)
+        if not getattr(model.config, "num_experts", 0):
+            coef = 0.0
+        return logp, entropy, aux * coef
+    out = model(input_ids=input_ids, attention_mask=attention_mask)
+    targets = labels[:, 1:]
+    if attention_mask is not None:
+        targets = targets.masked_fill(attention_mask[:, 1:] == 0, IGNORE_INDEX)
+    logp, entropy = logprobs_from_logits(out.logits[:, :-1], targets)
+    return logp, entropy, logp.new_zeros(())
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+# --------------------------------------------------------------------------- SFT
+
+
+def sft_loss(logp: torch.Tensor, mask: torch.Tensor,
+             normalization: Literal["token", "sample"] = "token") -> torch.Tensor:
+    """Negative log-likelihood of the masked tokens.
+
+    ``token``: sum over every counted token / number of counted tokens (long answers weigh
+    more). ``sample``: each sample's mean NLL, then the mean over samples that have tokens.
+    """
+    mask = mask.to(logp.dtype)
+    nll = -logp * mask
+    if normalization == "token":
+        return nll.sum() / mask.sum().clamp(min=1.0)
+    if normalization == "sample":
+        per_sample_tokens = mask.sum(-1)
+        has_tokens = per_sample_tokens > 0
+        per_sample = nll.sum(-1) / per_sample_tokens.clamp(min=1.0)
+        return per_sample[has_tokens].sum() / has_tokens.sum().clamp(min=1)
+    raise ValueError(f"unknown SFT normalization {normalization!r}; expected 'token' or 'sample'")
+
+
+# --------------------------------------------------------------------------- DPO
+
+
+def sequence_logprob(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sum of the counted tokens' log-probs of each row: log pi(response | prompt)."""
+    return (logp * mask.to(logp.dtype)).sum(-1)
+
+
+def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, reference_chosen: torch.Tensor,
+             reference_rejected: torch.Tensor, beta: float = 0.1) -> tuple[torch.Tensor, dict[str, float]]:
+    """Sigmoid DPO: -log sigmoid(beta * [(pi_c - ref_c) - (pi_r - ref_r)]), mean over pairs.
+
+    Inputs are sequence log-probs [P]; the reference ones are precomputed once and stored.
+    """
+    chosen_reward = beta * (policy_chosen - reference_chosen)
+    rejected_reward = beta * (policy_rejected - reference_rejected)
+    margin = chosen_reward - rejected_reward
+    loss = -F.logsigmoid(margin).mean()
+    stats = {
+        "reward_chosen": chosen_reward.detach().mean().item(),
+        "reward_rejected": rejected_reward.detach().mean().item(),
+        "reward_margin": margin.detach().mean().item(),
+        "reward_accuracy": (margin.detach() > 0).float().mean().item(),
+    }
+    return loss, stats
+
+
+# --------------------------------------------------------------------------- group advantages
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO/CISPO advantage of each response: (R - mean R) / std R within its group.
+
+    ``rewards`` is [G * group_size] laid out group by group. The standard deviation is the
+    population one (as in M1's Eq. 5 notation); a group whose rewards are all equal gets 0.
+    """
+    if rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    grouped = rewards.float().view(-1, group_size)
+    mean = grouped.mean(-1, keepdim=True)
+    std = grouped.std(-1, unbiased=False, keepdim=True)
+    adv = (grouped - mean) / (std + eps)
+    return torch.where(std > 0, adv, torch.zeros_like(adv)).view(-1)
+
+
+def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Bool [G]: groups whose rewards are not all equal (DAPO dynamic sampling keeps these)."""
+    grouped = rewards.view(-1, group_size)
+    return (grouped.max(-1).values - grouped.min(-1).values) > 0
+
+
+# --------------------------------------------------------------------------- policy losses
+
+
+def _broadcast_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return advantages[:, None].expand_as(like) if advantages.dim() == 1 else advantages
+
+
+def _group_token_mean(per_token: torch.Tensor, mask: torch.Tensor, group_size: int | None) -> torch.Tensor:
+    """Sum of each group's counted terms / that group's token count, averaged over groups."""
+    mask = mask.to(per_token.dtype)
+    rows = per_token.shape[0]
+    size = rows if group_size is None else group_size
+    if rows % size:
+        raise ValueError(f"{rows} rows do not split into groups of {size}")
+    sums = (per_token * mask).sum(-1).view(-1, size).sum(-1)
+    tokens = mask.sum(-1).view(-1, size).sum(-1).clamp(min=1.0)
+    return (sums / tokens).mean()
+
+
+def _ratio_stats(ratio: torch.Tensor, mask: torch.Tensor, low: float, high: float,
+                 logp: torch.Tensor, old_logp: torch.Tensor) -> dict[str, float]:
+    m = mask.bool()
+    r = ratio.detach()[m]
+    if r.numel() == 0:
+        return {"clip_fraction": 0.0, "ratio_mean": 1.0, "approx_kl": 0.0}
+    clipped = (r > 1 + high) | (r < 1 - low)
+    log_ratio = (logp.detach() - old_logp)[m]
+    return {
+        "clip_fraction": clipped.float().mean().item(),
+        "ratio_mean": r.mean().item(),
+        # k3 estimator of KL(old || new), as in Schulman's note
+        "approx_kl": (torch.exp(-log_ratio) - 1 + log_ratio).mean().item(),
+    }
+
+
+def ppo_clip_terms(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                   eps_low: float, eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO-clip objective min(r A, clip(r) A) (to maximize) and the ratio r."""
+    ratio = torch.exp(logp - old_logp)
+    adv = _broadcast_advantages(advantages, logp)
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * adv
+    return torch.minimum(unclipped, clipped), ratio
+
+
+def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+              eps: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
+    """GRPO: token-level PPO clip, mean over each response's tokens, then over responses.
+
+    A token whose ratio left the trust region on the side its advantage pushes towards
+    contributes no gradient (the min picks the constant clipped term).
+    """
+    objective, ratio = ppo_clip_terms(logp, old_logp, advantages, eps, eps)
+    m = mask.to(objective.dtype)
+    per_response = (objective * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+    has_tokens = m.sum(-1) > 0
+    loss = -per_response[has_tokens].sum() / has_tokens.sum().clamp(min=1)
+    return loss, _ratio_stats(ratio, mask, eps, eps, logp, old_logp)
+
+
+def dapo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+              eps_low: float = 0.2, eps_high: float = 0.28) -> tuple[torch.Tensor, dict[str, float]]:
+    """DAPO: PPO clip with a higher upper bound (clip-higher), mean over every token of the batch."""
+    objective, ratio = ppo_clip_terms(logp, old_logp, advantages, eps_low, eps_high)
+    loss = -masked_mean(objective, mask)
+    return loss, _ratio_stats(ratio, mask, eps_low, eps_high, logp, old_logp)
+
+
+def cispo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+               eps_low: float = 1.0, eps_high: float = 0.2, group_size: int | None = None,
+               variant: Literal["clip", "mask"] = "clip") -> tuple[torch.Tensor, dict[str, float]]:
+    """CISPO (MiniMax-M1 Eq. 4-5): maximize sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi.
+
+    The importance weight is clipped and detached, never the token's update itself: every
+    token keeps a gradient (the rare "fork" tokens PPO clips away included). Each group's
+    sum is normalized by the total token count of that group's responses (1 / sum_i |o_i|);
+    groups are then averaged. M1 sets no lower bound in practice (eps_low = 1.0 turns the
+    lower clip off for ratios >= 0).
+
+    ``variant="mask"`` is Eq. 7: weight sg(r) (unclipped) times a token mask M that zeroes
+    tokens with A > 0 and r > 1 + eps_high, or A < 0 and r < 1 - eps_low, i.e. the PPO
+    trust region expressed as a mask on the CISPO objective.
+    """
+    ratio = torch.exp(logp - old_logp)
+    adv = _broadcast_advantages(advantages, logp)
+    if variant == "clip":
+        weight = ratio.clamp(1 - eps_low, 1 + eps_high).detach()
+        counted = mask
+    elif variant == "mask":
+        out_high = (adv > 0) & (ratio > 1 + eps_high)
+        out_low = (adv < 0) & (ratio < 1 - eps_low)
+        weight = ratio.detach()
+        counted = mask * (~(out_high | out_low)).to(mask.dtype)
+        # the normalizer stays the group's full token count: masked tokens count as zeros
+        per_token = weight * adv * logp * counted.to(logp.dtype)
+        loss = -_group_token_mean(per_token, mask, group_size)
+        return loss, _ratio_stats(ratio, mask, eps_low, eps_high, logp, old_logp)
+    else:
+        raise ValueError(f"unknown CISPO variant {variant!r}; expected 'clip' or 'mask'")
+    per_token = weight * adv * logp
+    loss = -_group_token_mean(per_token, counted, group_size)
+    return loss, _ratio_stats(ratio, mask, eps_low, eps_high, logp, old_logp)
+
+
+def policy_loss(name: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                mask: torch.Tensor, eps_low: float, eps_high: float, group_size: int | None = None,
+                cispo_variant: Literal["clip", "mask"] = "clip") -> tuple[torch.Tensor, dict[str, float]]:
+    """Dispatch by name: ``cispo`` | ``grpo`` | ``dapo``."""
+    if name == "cispo":
+        return cispo_loss(logp, old_logp, advantages, mask, eps_low, eps_high, group_size, cispo_variant)
+    if name == "grpo":
+        return grpo_loss(logp, old_logp, advantages, mask, eps_high)
+    if name == "dapo":
+        return dapo_loss(logp, old_logp, advantages, mask, eps_low, eps_high)
+    raise ValueError(f"unknown policy loss {name!r}; expected 'cispo', 'grpo' or 'dapo'")

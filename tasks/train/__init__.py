@@ -1,0 +1,1 @@
+"""Training stages on DeepSpeed: SFT short/long, DPO short/long and CISPO RL (MiniMax-01/M1)."""

@@ -1,0 +1,61 @@
+"""The model the first stage starts from.
+
+``hybrid``: the in-house lightning-attention model sized by the profile's ``model.yaml``,
+with a byte-level BPE tokenizer trained on warehouse text; built once and cached under
+``$POSTTRAIN_HOME/models/<name>/`` (later runs reuse it). ``pretrained``: a local
+Hugging Face directory, used as is.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from filelock import FileLock
+
+from tasks.train.config import BaseModelConfig
+from warehouse import Warehouse
+
+TEXT_TABLES = (("sft_pool", ("prompt", "solution", "answer")), ("prompts", ("prompt", "solution", "answer")),
+               ("synthetic_tasks", ("prompt", "answer")), ("rollouts", ("text",)))
+
+
+def warehouse_texts(wh: Warehouse, limit: int) -> list[str]:
+    """Up to ``limit`` texts from the tables the stages will train on, in a stable order."""
+    texts: list[str] = []
+    for table, columns in TEXT_TABLES:
+        if not wh.exists(table):
+            continue
+        df = wh.read(table)
+        for col in columns:
+            if col in df.columns:
+                texts.extend(t for t in df[col].to_list() if isinstance(t, str) and t.strip())
+        if len(texts) >= limit:
+            break
+    return texts[:limit]
+
+
+def prepare_base_model(wh: Warehouse, cfg: BaseModelConfig, model_section: dict, seed: int = 0) -> Path:
+    """Directory of the initial model (built and cached for ``hybrid``)."""
+    if cfg.kind == "pretrained":
+        path = Path(cfg.pretrained_path).expanduser()
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"base_model.pretrained_path {path} has no config.json")
+        return path
+    out = wh.models_dir / cfg.name
+    with FileLock(str(wh.models_dir / f"{cfg.name}.lock")):
+        if (out / "config.json").exists() and (out / "tokenizer.json").exists():
+            return out
+        from model import ModelSection, build_tiny_model, train_tokenizer
+
+        section = ModelSection(**model_section)
+        texts = warehouse_texts(wh, cfg.tokenizer_texts)
+        if len(texts) < 10:
+            raise ValueError(f"only {len(texts)} warehouse texts to train the tokenizer on: "
+                             "ingest or synthesize data before training")
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)   # left by a build that was killed
+        shutil.rmtree(out, ignore_errors=True)
+        tokenizer = train_tokenizer(texts, section.tokenizer_vocab_size, tmp)
+        build_tiny_model(tokenizer, section, seed=seed).save_pretrained(tmp)
+        tmp.rename(out)
+    return out

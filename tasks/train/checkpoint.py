@@ -1,0 +1,134 @@
+"""Checkpoints under ``$POSTTRAIN_HOME/checkpoints/<run>/<stage>/``.
+
+Layout of a stage directory:
+    job.json           what the stage was asked to do (and its input fingerprint)
+    ds/                DeepSpeed checkpoints (``step_00000010/`` ...) and ``latest``
+    steps.jsonl        one line per optimizer step: loss, metrics, the example ids seen
+    final/             the Hugging Face model, written last, with ``DONE`` beside it
+
+DeepSpeed writes ``latest`` only after a checkpoint's files are complete, so a stage
+killed mid-save resumes from the previous one. The per-step log is cut back to the
+checkpoint's step on resume, so the curve continues without duplicated steps.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+DONE_MARKER = "DONE"
+
+
+def stage_dir(checkpoints_root: Path, run_name: str, stage: str) -> Path:
+    return Path(checkpoints_root) / run_name / stage
+
+
+def ds_dir(stage_path: Path) -> Path:
+    return stage_path / "ds"
+
+
+def final_dir(stage_path: Path) -> Path:
+    return stage_path / "final"
+
+
+def is_done(stage_path: Path) -> bool:
+    return (stage_path / DONE_MARKER).exists()
+
+
+def latest_step(stage_path: Path) -> int | None:
+    latest = ds_dir(stage_path) / "latest"
+    if not latest.exists():
+        return None
+    tag = latest.read_text().strip()
+    return int(tag.rsplit("_", 1)[-1]) if tag.startswith("step_") else None
+
+
+def save(engine, stage_path: Path, step: int, client_state: dict, keep: int, is_rank0: bool) -> None:
+    """Collective: every rank calls it. Keeps the newest ``keep`` checkpoints."""
+    root = ds_dir(stage_path)
+    state = {**client_state, "step": step, "torch_rng": torch.get_rng_state()}
+    engine.save_checkpoint(str(root), tag=f"step_{step:08d}", client_state=state)
+    if is_rank0:
+        tags = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
+        for old in tags[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load(engine, stage_path: Path) -> dict | None:
+    """Load the latest checkpoint into ``engine``; its client state, or None when there is none."""
+    if latest_step(stage_path) is None:
+        return None
+    path, client_state = engine.load_checkpoint(str(ds_dir(stage_path)))
+    if path is None:
+        return None
+    if client_state and "torch_rng" in client_state:
+        torch.set_rng_state(client_state["torch_rng"])
+    return client_state or {}
+
+
+class StepLog:
+    """Append-only JSON lines of per-step records, written by rank 0."""
+
+    def __init__(self, stage_path: Path, enabled: bool):
+        self.path = stage_path / "steps.jsonl"
+        self.enabled = enabled
+
+    def records(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                break  # a line cut by a kill: everything after it is gone too
+        return out
+
+    def truncate_after(self, step: int) -> list[dict]:
+        """Keep records up to ``step`` (the resumed checkpoint) and return them."""
+        kept = [r for r in self.records() if r["step"] <= step]
+        if self.enabled:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            os.replace(tmp, self.path)
+        return kept
+
+    def append(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+            fh.flush()
+
+
+def save_hf(engine, tokenizer, out_dir: Path, zero_stage: int, is_rank0: bool) -> None:
+    """Final weights in Hugging Face format (collective under ZeRO-3, where params are sharded)."""
+    module = engine.module
+    if zero_stage == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+            if is_rank0:
+                _write_hf(module, tokenizer, out_dir)
+    elif is_rank0:
+        _write_hf(module, tokenizer, out_dir)
+
+
+def _write_hf(module, tokenizer, out_dir: Path) -> None:
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    module.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+
+
+def mark_done(stage_path: Path, summary: dict) -> None:
+    (stage_path / DONE_MARKER).write_text(json.dumps(summary, indent=2, default=str))
+
+
+def read_done(stage_path: Path) -> dict:
+    return json.loads((stage_path / DONE_MARKER).read_text())

@@ -1,0 +1,183 @@
+"""The ``train`` profile section: one block per stage plus the shared engine settings.
+
+Defaults are the paper's values (MiniMax-01 staged SFT/DPO, MiniMax-M1 CISPO with
+eps_high 0.2 and no lower bound, AdamW beta = (0.9, 0.95), eps = 1e-15, output windows
+40K -> 80K). ``configs/profiles/<profile>/train.yaml`` scales them.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+STAGE_ORDER = ("sft_short", "sft_long", "dpo_short", "dpo_long", "rl")
+StageName = Literal["sft_short", "sft_long", "dpo_short", "dpo_long", "rl"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OptimizerConfig(_Strict):
+    lr: float = Field(1e-5, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-15, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+
+
+class EngineConfig(_Strict):
+    """What the generated DeepSpeed JSON holds, and how ranks are started."""
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    precision: Literal["fp32", "bf16"] = "bf16"
+    gradient_clipping: float = Field(1.0, ge=0)
+    micro_batch_size: int = Field(4, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    offload_optimizer: bool = False
+    num_ranks: int = Field(1, ge=1)
+    # "inprocess" runs one rank in this process (gloo on CPU); the launchers start num_ranks
+    launcher: Literal["inprocess", "torchrun", "deepspeed"] = "inprocess"
+    accelerator: Literal["cpu", "cuda"] = "cpu"
+    threads_per_rank: int | None = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _ranks_need_launcher(self) -> EngineConfig:
+        if self.num_ranks > 1 and self.launcher == "inprocess":
+            raise ValueError("num_ranks > 1 needs launcher 'torchrun' or 'deepspeed'")
+        return self
+
+
+class StageCommon(_Strict):
+    steps: int = Field(100, ge=1)
+    checkpoint_every: int = Field(50, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    lr: float | None = Field(None, gt=0, description="overrides optimizer.lr for this stage")
+    log_every: int = Field(1, ge=1)
+
+
+class SFTStageConfig(StageCommon):
+    # MiniMax-01 trains short and long contexts in separate stages: the token range of a stage
+    min_tokens: int = Field(0, ge=0)
+    max_tokens: int = Field(8192, ge=8)
+    normalization: Literal["token", "sample"] = "token"
+
+
+class DPOStageConfig(StageCommon):
+    min_tokens: int = Field(0, ge=0)
+    max_tokens: int = Field(8192, ge=8)
+    beta: float = Field(0.1, gt=0)
+
+
+class LengthWindow(_Strict):
+    """One output-length window of M1's staged extension with its own eps_high and clip."""
+    max_tokens: int = Field(ge=1)
+    eps_high: float = Field(0.2, gt=0)
+    gradient_clipping: float = Field(1.0, ge=0)
+
+
+class LengthGates(_Strict):
+    """When to move to the next window (both gates must pass, M1 section 4)."""
+    # perplexity of generated sequences converged: relative spread over the last
+    # `ppl_patience` steps below `ppl_tolerance`
+    ppl_patience: int = Field(3, ge=2)
+    ppl_tolerance: float = Field(0.05, gt=0)
+    # the 99th percentile of output lengths has reached this fraction of the window
+    p99_fraction: float = Field(0.9, gt=0, le=1)
+    min_steps_per_window: int = Field(1, ge=1)
+
+
+class CurriculumPhase(_Strict):
+    """From `start_step` on, draw prompts from these domains with these weights."""
+    start_step: int = Field(0, ge=0)
+    domains: dict[str, float]
+
+    @model_validator(mode="after")
+    def _weights(self) -> CurriculumPhase:
+        if not self.domains or any(w < 0 for w in self.domains.values()) or sum(self.domains.values()) <= 0:
+            raise ValueError(f"curriculum phase at step {self.start_step}: domain weights must be >= 0 "
+                             f"and sum above 0, got {self.domains}")
+        return self
+
+
+class RLStageConfig(StageCommon):
+    loss: Literal["cispo", "grpo", "dapo"] = "cispo"
+    cispo_variant: Literal["clip", "mask"] = "clip"
+    prompts_per_step: int = Field(32, ge=1)
+    group_size: int = Field(16, ge=2)
+    # M1: several off-policy updates per generation batch; each minibatch is one optimizer step
+    updates_per_batch: int = Field(16, ge=1)
+    eps_low: float = Field(1.0, gt=0, description="M1 imposes no lower bound in practice")
+    dynamic_sampling: bool = True
+    max_sampling_rounds: int = Field(3, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    repetition_window: int | None = Field(3000, ge=1)
+    repetition_prob: float = Field(0.99, gt=0, lt=1)
+    windows: list[LengthWindow] = Field(default_factory=lambda: [
+        LengthWindow(max_tokens=n * 1024, eps_high=e, gradient_clipping=c)
+        for n, e, c in ((40, 0.2, 1.0), (48, 0.18, 0.8), (56, 0.16, 0.6), (64, 0.14, 0.5),
+                        (72, 0.12, 0.4), (80, 0.1, 0.3))])
+    gates: LengthGates = Field(default_factory=LengthGates)
+    curriculum: list[CurriculumPhase] = Field(default_factory=lambda: [
+        CurriculumPhase(start_step=0, domains={"math": 1.0, "logic": 1.0, "code": 1.0}),
+        CurriculumPhase(start_step=1000, domains={"math": 1.0, "logic": 1.0, "code": 1.0, "general": 1.0})])
+    max_prompts: int | None = Field(None, ge=1, description="cap on the RL pool size")
+
+    @model_validator(mode="after")
+    def _windows_grow(self) -> RLStageConfig:
+        sizes = [w.max_tokens for w in self.windows]
+        if not sizes or sizes != sorted(set(sizes)):
+            raise ValueError(f"rl.windows must be non-empty and strictly increasing, got {sizes}")
+        starts = [p.start_step for p in self.curriculum]
+        if not starts or starts[0] != 0 or starts != sorted(set(starts)):
+            raise ValueError(f"rl.curriculum must start at step 0 with increasing start steps, got {starts}")
+        return self
+
+
+class BaseModelConfig(_Strict):
+    """Where the model trained in the first stage comes from."""
+    # "hybrid": the in-house model sized by the profile's model.yaml, with a tokenizer trained
+    # on warehouse text (cached under $POSTTRAIN_HOME/models/<name>); "pretrained": a local dir
+    kind: Literal["hybrid", "pretrained"] = "hybrid"
+    name: str = "tiny-base"
+    pretrained_path: str | None = None
+    tokenizer_texts: int = Field(4000, ge=10, description="warehouse texts the tokenizer is trained on")
+
+    @model_validator(mode="after")
+    def _path(self) -> BaseModelConfig:
+        if self.kind == "pretrained" and not self.pretrained_path:
+            raise ValueError("base_model.kind 'pretrained' needs base_model.pretrained_path")
+        return self
+
+
+class DataConfig(_Strict):
+    max_sft_examples: int = Field(100_000, ge=1)
+    max_dpo_pairs: int = Field(50_000, ge=1)
+    synthetic_per_task: int | None = Field(None, ge=1, description="cap per synthetic task in SFT and RL")
+    dpo_perturbed_negatives: bool = Field(True, description="wrong answers from task perturbations when no wrong rollout exists")
+    verify_chosen: bool = Field(True, description="check chosen responses with the verifiers")
+
+
+class TrainConfig(_Strict):
+    seed: int = 0
+    stages: list[StageName] = Field(default_factory=lambda: list(STAGE_ORDER))
+    base_model: BaseModelConfig = Field(default_factory=BaseModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    sft_short: SFTStageConfig = Field(default_factory=lambda: SFTStageConfig(max_tokens=8192))
+    sft_long: SFTStageConfig = Field(default_factory=lambda: SFTStageConfig(min_tokens=8193, max_tokens=131072))
+    dpo_short: DPOStageConfig = Field(default_factory=lambda: DPOStageConfig(max_tokens=8192))
+    dpo_long: DPOStageConfig = Field(default_factory=lambda: DPOStageConfig(min_tokens=8193, max_tokens=131072))
+    rl: RLStageConfig = Field(default_factory=RLStageConfig)
+    log_weights_max_mb: float = Field(64.0, ge=0, description="final weights up to this size are MLflow artifacts")
+
+    def stage(self, name: str) -> StageCommon:
+        if name not in STAGE_ORDER:
+            raise ValueError(f"unknown training stage {name!r}; expected one of {STAGE_ORDER}")
+        return getattr(self, name)
+
+    def stage_lr(self, name: str) -> float:
+        return self.stage(name).lr or self.optimizer.lr

@@ -1,0 +1,391 @@
+"""Data builders (warehouse tables -> ``sft_data``, ``dpo_pairs``, ``rl_prompts``) and the
+tokenized batches each stage trains on.
+
+Sources, in order of preference:
+- SFT: the curated ``sft_pool`` (else ``prompts`` rows with a solution or answer) and
+  synthesized tasks with their gold answers (``synthetic_tasks``).
+- DPO: chosen = a verified-correct rollout, a GenRM reference (``references``) or the gold
+  answer; rejected = a wrong rollout, else a verifier-rejected perturbation of the gold.
+- RL: prompts the difficulty stage kept (``difficulty.decision = 'keep'``), else ``rl_pool``,
+  else ``synthetic_tasks``.
+Every built table is split short/long by token length, as MiniMax-01 trains them apart.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+
+import polars as pl
+import torch
+
+from data_specs import get_spec
+from model.losses import IGNORE_INDEX
+from tasks.rollout.chat import render_with_tokenizer
+from tasks.train.config import TrainConfig
+from tasks.verify.registry import verify
+from warehouse import TableRef, Warehouse
+from warehouse.store import frame_digest
+
+
+def _stable_id(*parts: str) -> str:
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]
+
+
+# --------------------------------------------------------------------------- tokenizing
+
+
+def prompt_text(tokenizer, prompt: str) -> str:
+    """The prompt as the model sees it: one user turn, the assistant turn opened."""
+    return render_with_tokenizer(tokenizer, [{"role": "user", "content": prompt}])
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """Token ids of the rendered prompt, encoded as the local sampler encodes it."""
+    text = prompt_text(tokenizer, prompt)
+    bos = tokenizer.bos_token
+    return list(tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"])
+
+
+def encode_example(tokenizer, prompt: str, response: str) -> tuple[list[int], int]:
+    """(token ids of prompt + response + EOS, number of prompt tokens).
+
+    Prompt and response are encoded apart so the boundary between them is exact.
+    """
+    prompt_ids = encode_prompt(tokenizer, prompt)
+    response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+    if tokenizer.eos_token_id is not None:
+        response_ids = response_ids + [tokenizer.eos_token_id]
+    return list(prompt_ids) + list(response_ids), len(prompt_ids)
+
+
+def pad_batch(sequences: list[list[int]], prompt_lengths: list[int], pad_id: int,
+              max_tokens: int | None = None) -> dict[str, torch.Tensor]:
+    """Right-padded ids, attention mask, and labels with prompt and padding set to -100."""
+    if max_tokens is not None:
+        sequences = [s[:max_tokens] for s in sequences]
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    labels = torch.full((len(sequences), width), IGNORE_INDEX, dtype=torch.long)
+    for row, (seq, n_prompt) in enumerate(zip(sequences, prompt_lengths)):
+        ids[row, : len(seq)] = torch.tensor(seq)
+        mask[row, : len(seq)] = 1
+        labels[row, n_prompt: len(seq)] = torch.tensor(seq[n_prompt:], dtype=torch.long)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def pad_id_of(tokenizer) -> int:
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if candidate is not None:
+            return int(candidate)
+    return 0
+
+
+def batch_indices(step: int, num_examples: int, batch_size: int, seed: int) -> list[int]:
+    """The examples of optimizer step ``step`` (0-based): a seeded permutation per epoch.
+
+    A pure function of (step, seed), so a resumed stage sees exactly the data order the
+    killed one would have seen.
+    """
+    if num_examples == 0:
+        raise ValueError("the stage has no examples")
+    out: list[int] = []
+    position = step * batch_size
+    while len(out) < batch_size:
+        epoch, offset = divmod(position, num_examples)
+        order = list(range(num_examples))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        take = min(batch_size - len(out), num_examples - offset)
+        out.extend(order[offset: offset + take])
+        position += take
+    return out
+
+
+def stage_of_length(num_tokens: int, ranges: dict[str, tuple[int, int]]) -> str | None:
+    for stage, (low, high) in ranges.items():
+        if low <= num_tokens <= high:
+            return stage
+    return None
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclass
+class BuildReport:
+    """Counts of a builder: rows seen, kept, and dropped by reason."""
+    seen: int = 0
+    kept: int = 0
+    dropped: dict[str, int] | None = None
+
+    def drop(self, reason: str) -> None:
+        self.dropped = self.dropped or {}
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+    def counters(self) -> dict[str, float]:
+        out = {"seen": float(self.seen), "kept": float(self.kept)}
+        out.update({f"dropped_{k}": float(v) for k, v in (self.dropped or {}).items()})
+        return out
+
+
+def _read(wh: Warehouse, name: str) -> tuple[pl.DataFrame, TableRef | None]:
+    ref = wh.latest(name)
+    if ref is None:
+        return pl.DataFrame(), None
+    return wh.read(name, ref.snapshot), ref
+
+
+def _gold_response(row: dict) -> str | None:
+    """Solution text (when given) followed by the answer in the tags verifiers read."""
+    answer = row.get("answer")
+    solution = (row.get("solution") or "").strip()
+    if not answer and not solution:
+        return None
+    parts = [solution] if solution else []
+    if answer:
+        parts.append(f"<answer>{answer}</answer>")
+    return "\n".join(parts)
+
+
+def _cap_per_task(df: pl.DataFrame, cap: int | None) -> pl.DataFrame:
+    if cap is None or df.is_empty() or "task" not in df.columns:
+        return df
+    return df.sort("id").group_by("task", maintain_order=True).head(cap)
+
+
+def sft_source_rows(wh: Warehouse, cfg: TrainConfig) -> tuple[list[dict], list[TableRef]]:
+    """Rows with (source_table, source_id, domain, prompt, response) from every SFT source."""
+    rows: list[dict] = []
+    refs: list[TableRef] = []
+    pool, ref = _read(wh, "sft_pool")
+    source = "sft_pool"
+    if ref is None:
+        pool, ref = _read(wh, "prompts")
+        source = "prompts"
+    if ref is not None:
+        refs.append(ref)
+        for r in pool.iter_rows(named=True):
+            response = _gold_response(r)
+            if response:
+                rows.append({"source_table": source, "source_id": str(r.get("id")), "domain": r.get("domain") or "general",
+                             "prompt": r.get("prompt") or "", "response": response})
+    synth, sref = _read(wh, "synthetic_tasks")
+    if sref is not None:
+        refs.append(sref)
+        for r in _cap_per_task(synth, cfg.data.synthetic_per_task).iter_rows(named=True):
+            rows.append({"source_table": "synthetic_tasks", "source_id": r["id"], "domain": r["domain"],
+                         "prompt": r["prompt"], "response": f"<answer>{r['answer']}</answer>"})
+    return rows, refs
+
+
+def build_sft_data(wh: Warehouse, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
+    """The ``sft_data`` frame: each example assigned to sft_short or sft_long by token length."""
+    rows, refs = sft_source_rows(wh, cfg)
+    ranges = {s: (getattr(cfg, s).min_tokens, getattr(cfg, s).max_tokens) for s in ("sft_short", "sft_long")}
+    report, out = BuildReport(seen=len(rows)), []
+    for r in rows:
+        if not r["prompt"].strip() or not r["response"].strip():
+            report.drop("empty")
+            continue
+        ids, n_prompt = encode_example(tokenizer, r["prompt"], r["response"])
+        stage = stage_of_length(len(ids), ranges)
+        if stage is None:
+            report.drop("outside_length_ranges")
+            continue
+        out.append({**r, "example_id": _stable_id(r["source_table"], r["source_id"], r["response"]),
+                    "stage": stage, "num_tokens": len(ids), "response_tokens": len(ids) - n_prompt})
+    out = out[: cfg.data.max_sft_examples]
+    report.kept = len(out)
+    frame = pl.DataFrame(out) if out else pl.DataFrame()
+    if not frame.is_empty():
+        frame = frame.unique("example_id", keep="first", maintain_order=True)
+    return frame, refs, report
+
+
+# --------------------------------------------------------------------------- DPO
+
+
+def _prompt_rows(wh: Warehouse, refs: list[TableRef]) -> dict[str, dict]:
+    """Every prompt that could carry a gold answer, by id (rl_pool/prompts, synthetic_tasks)."""
+    out: dict[str, dict] = {}
+    for name in ("prompts", "rl_pool", "sft_pool"):
+        df, ref = _read(wh, name)
+        if ref is None:
+            continue
+        refs.append(ref)
+        for r in df.iter_rows(named=True):
+            out.setdefault(str(r["id"]), {**r, "_table": name})
+    df, ref = _read(wh, "synthetic_tasks")
+    if ref is not None:
+        refs.append(ref)
+        for r in df.iter_rows(named=True):
+            out.setdefault(r["id"], {**r, "_table": "synthetic_tasks"})
+    return out
+
+
+def _chosen_candidates(wh: Warehouse, prompts: dict[str, dict], refs: list[TableRef]) -> dict[str, tuple[str, str]]:
+    """prompt_id -> (response, source): a correct rollout first, then a GenRM reference, then gold."""
+    chosen: dict[str, tuple[str, str]] = {}
+    rollouts, rref = _read(wh, "rollouts")
+    if rref is not None:
+        refs.append(rref)
+        good = rollouts.filter((pl.col("reward") >= 1.0) & pl.col("text").is_not_null()).sort("rollout_id")
+        for r in good.iter_rows(named=True):
+            chosen.setdefault(r["prompt_id"], (r["text"], "rollout_correct"))
+    references, fref = _read(wh, "references")
+    if fref is not None:
+        refs.append(fref)
+        for r in references.iter_rows(named=True):
+            chosen.setdefault(r["prompt_id"], (r["reference"], "reference"))
+    for pid, row in prompts.items():
+        gold = _gold_response(row)
+        if gold:
+            chosen.setdefault(pid, (gold, "gold"))
+    return chosen
+
+
+def _rejected_candidates(wh: Warehouse) -> dict[str, str]:
+    rollouts, ref = _read(wh, "rollouts")
+    if ref is None:
+        return {}
+    bad = rollouts.filter((pl.col("reward") <= 0.0) & pl.col("text").is_not_null()
+                          & (pl.col("text").str.strip_chars().str.len_chars() > 0)).sort("rollout_id")
+    out: dict[str, str] = {}
+    for r in bad.iter_rows(named=True):
+        out.setdefault(r["prompt_id"], r["text"])
+    return out
+
+
+def _perturbed_negative(row: dict, seed: int) -> str | None:
+    """A certainly-wrong answer from the synthetic task's own perturbations, checked by its verifier."""
+    if row.get("_table") != "synthetic_tasks":
+        return None
+    from tasks.synth.registry import get_task
+    from tasks.verify.registry import synth_instance
+
+    try:
+        task = get_task(row["task"])
+        instance = synth_instance(row)
+        for wrong in task.perturbations(instance, random.Random(seed)):
+            response = f"<answer>{wrong}</answer>"
+            if task.verify(instance, response) < 1.0:
+                return response
+    except Exception:  # noqa: BLE001 - a task that cannot perturb just yields no pair
+        return None
+    return None
+
+
+def build_dpo_pairs(wh: Warehouse, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
+    refs: list[TableRef] = []
+    prompts = _prompt_rows(wh, refs)
+    chosen = _chosen_candidates(wh, prompts, refs)
+    rejected = _rejected_candidates(wh)
+    ranges = {s: (getattr(cfg, s).min_tokens, getattr(cfg, s).max_tokens) for s in ("dpo_short", "dpo_long")}
+    report, out = BuildReport(seen=len(chosen)), []
+    for pid, (good, good_source) in chosen.items():
+        row = prompts.get(pid)
+        if row is None:
+            report.drop("prompt_not_found")
+            continue
+        domain = row.get("domain") or "general"
+        checkable = cfg.data.verify_chosen and good_source != "reference" and domain in ("math", "logic")
+        if checkable and verify(domain, row, good) < 1.0:
+            report.drop("chosen_not_verified")
+            continue
+        bad, bad_source = rejected.get(pid), "rollout_wrong"
+        if bad is None and cfg.data.dpo_perturbed_negatives:
+            bad, bad_source = _perturbed_negative(row, cfg.seed), "perturbed"
+        if bad is None:
+            report.drop("no_rejected")
+            continue
+        longest = max(len(encode_example(tokenizer, row["prompt"], text)[0]) for text in (good, bad))
+        stage = stage_of_length(longest, ranges)
+        if stage is None:
+            report.drop("outside_length_ranges")
+            continue
+        out.append({"pair_id": _stable_id(pid, good, bad), "stage": stage, "prompt_id": pid,
+                    "source_table": row["_table"], "domain": domain, "prompt": row["prompt"],
+                    "chosen": good, "rejected": bad, "chosen_source": good_source,
+                    "rejected_source": bad_source, "num_tokens": longest})
+        if len(out) >= cfg.data.max_dpo_pairs:
+            break
+    report.kept = len(out)
+    return (pl.DataFrame(out) if out else pl.DataFrame()), refs, report
+
+
+# --------------------------------------------------------------------------- RL
+
+
+def _rl_row(row: dict, table: str, selected_by: str) -> dict:
+    return {"prompt_id": str(row["id"]), "source_table": table, "domain": row.get("domain") or "general",
+            "prompt": row["prompt"], "answer": row.get("answer"), "level": row.get("level"),
+            "row_json": json.dumps({k: v for k, v in row.items() if not k.startswith("_")}, default=str),
+            "selected_by": selected_by}
+
+
+def build_rl_prompts(wh: Warehouse, cfg: TrainConfig) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
+    refs: list[TableRef] = []
+    difficulty, dref = _read(wh, "difficulty")
+    rows: list[dict] = []
+    if dref is not None and "decision" in difficulty.columns:
+        keep = difficulty.filter(pl.col("decision") == "keep")
+        if keep.height:
+            refs.append(dref)
+            prompts = _prompt_rows(wh, refs)
+            for r in keep.unique("prompt_id", keep="last", maintain_order=True).iter_rows(named=True):
+                source = prompts.get(r["prompt_id"])
+                if source is not None:
+                    rows.append(_rl_row(source, source["_table"], "difficulty_keep"))
+    if not rows:
+        for name in ("rl_pool", "synthetic_tasks"):
+            df, ref = _read(wh, name)
+            if ref is None or df.is_empty():
+                continue
+            refs.append(ref)
+            df = _cap_per_task(df, cfg.data.synthetic_per_task)
+            rows = [_rl_row(r, name, name) for r in df.iter_rows(named=True)]
+            break
+    report = BuildReport(seen=len(rows))
+    if cfg.rl.max_prompts is not None:
+        rows = rows[: cfg.rl.max_prompts]
+    report.kept = len(rows)
+    frame = pl.DataFrame(rows) if rows else pl.DataFrame()
+    if not frame.is_empty():
+        frame = frame.unique("prompt_id", keep="first", maintain_order=True)
+    return frame, refs, report
+
+
+def write_if_changed(wh: Warehouse, name: str, frame: pl.DataFrame, parents: list[TableRef]) -> TableRef:
+    """A new snapshot only when the content changed, so unchanged data keeps stages resumable."""
+    spec = get_spec(name)
+    valid = spec.validate(frame)[0] if spec else frame
+    latest = wh.latest(name)
+    if latest is not None and latest.content_hash == frame_digest(valid):
+        return latest
+    return wh.write(name, frame, parents=_unique_refs(parents))
+
+
+def write_training_tables(wh: Warehouse, cfg: TrainConfig,
+                          tokenizer) -> tuple[dict[str, TableRef], dict[str, BuildReport]]:
+    """Build sft_data, dpo_pairs and rl_prompts and write those that changed (parents: their sources)."""
+    refs: dict[str, TableRef] = {}
+    reports: dict[str, BuildReport] = {}
+    for name, builder in (("sft_data", lambda: build_sft_data(wh, cfg, tokenizer)),
+                          ("dpo_pairs", lambda: build_dpo_pairs(wh, cfg, tokenizer)),
+                          ("rl_prompts", lambda: build_rl_prompts(wh, cfg))):
+        frame, parents, report = builder()
+        reports[name] = report
+        if not frame.is_empty():
+            refs[name] = write_if_changed(wh, name, frame, parents)
+    return refs, reports
+
+
+def _unique_refs(refs: list[TableRef]) -> list[TableRef]:
+    seen, out = set(), []
+    for r in refs:
+        if str(r) not in seen:
+            seen.add(str(r))
+            out.append(r)
+    return out

@@ -1,0 +1,85 @@
+"""Direct preference optimization stage (short or long), sigmoid loss.
+
+Reference log-probs come from the stage's initial model; they are computed once, before
+the first step, and stored beside the checkpoints (``reference_logps.json``), so a
+resumed stage and every rank use the very same numbers.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from model.losses import dpo_loss, sequence_logprob, token_logprobs
+from tasks.train.data import batch_indices, encode_example, pad_batch, pad_id_of
+from tasks.train.engine import backward_and_step, current_lr
+from tasks.train.runner import StageHarness
+from tasks.train.sft import ids_digest
+
+
+def _sequence_logps(model, encoded: list[tuple[list[int], int]], pad: int, max_tokens: int) -> torch.Tensor:
+    batch = pad_batch([e[0] for e in encoded], [e[1] for e in encoded], pad, max_tokens)
+    logp, _, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["labels"])
+    return sequence_logprob(logp, batch["labels"][:, 1:] != -100)
+
+
+@torch.no_grad()
+def reference_logps(h: StageHarness, model, pair_ids, chosen, rejected, pad: int) -> dict[str, list[float]]:
+    """pair_id -> [log pi_ref(chosen), log pi_ref(rejected)], computed once and stored."""
+    path = h.path / "reference_logps.json"
+    if path.exists():
+        stored = json.loads(path.read_text())
+        if set(stored) >= set(pair_ids):
+            return stored
+    was_training = model.training
+    model.eval()
+    out: dict[str, list[float]] = {}
+    size = h.cfg.engine.micro_batch_size
+    for start in range(0, len(pair_ids), size):
+        sl = slice(start, start + size)
+        c = _sequence_logps(model, chosen[sl], pad, h.stage_cfg.max_tokens)
+        r = _sequence_logps(model, rejected[sl], pad, h.stage_cfg.max_tokens)
+        for pid, vc, vr in zip(pair_ids[sl], c.tolist(), r.tolist()):
+            out[pid] = [vc, vr]
+    model.train(was_training)
+    if h.is_rank0:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(out))
+        os.replace(tmp, path)
+    return out
+
+
+def train_dpo(h: StageHarness) -> dict:
+    model, tokenizer = h.load_policy()
+    data = h.read_data()
+    pair_ids = data["pair_id"].to_list()
+    chosen = [encode_example(tokenizer, p, c) for p, c in zip(data["prompt"], data["chosen"])]
+    rejected = [encode_example(tokenizer, p, r) for p, r in zip(data["prompt"], data["rejected"])]
+    pad = pad_id_of(tokenizer)
+    reference = reference_logps(h, model, pair_ids, chosen, rejected, pad)
+    cfg = h.stage_cfg
+    engine = h.create_engine(model)
+    start, _ = h.resume(engine)
+    loss_value = None
+    for step in range(start, cfg.steps):
+        indices = batch_indices(step, len(pair_ids), h.global_batch(), h.cfg.seed)
+        losses, stats_sum, norm = [], {}, None
+        micro_batches = h.rank_micro_batches(indices)
+        for micro in micro_batches:
+            both = _sequence_logps(engine.module, [chosen[i] for i in micro] + [rejected[i] for i in micro],
+                                   pad, cfg.max_tokens)
+            policy_c, policy_r = both[: len(micro)], both[len(micro):]
+            ref = torch.tensor([reference[pair_ids[i]] for i in micro])
+            loss, stats = dpo_loss(policy_c, policy_r, ref[:, 0], ref[:, 1], cfg.beta)
+            step_norm = backward_and_step(engine, loss)
+            norm = step_norm if step_norm is not None else norm
+            losses.append(loss.item())
+            for k, v in stats.items():
+                stats_sum[k] = stats_sum.get(k, 0.0) + v / len(micro_batches)
+        loss_value = sum(losses) / len(losses)
+        h.record(step, {"loss": loss_value, "grad_norm": norm or 0.0, "lr": current_lr(engine), **stats_sum},
+                 batch_digest=ids_digest([pair_ids[i] for i in indices]))
+        h.maybe_checkpoint(engine, step)
+    return h.finish(engine, tokenizer, {"final_loss": loss_value, "pairs": len(pair_ids)},
+                    curves=("loss", "reward_margin", "reward_accuracy"))

@@ -1,0 +1,176 @@
+"""DeepSpeed engines: one rank in this process (CPU, gloo-style env), or several ranks
+started by the ``torchrun`` / ``deepspeed`` launcher as a subprocess.
+
+The optimizer is a torch AdamW instance (M1's betas and eps) so DeepSpeed compiles no
+optimizer op; the communication op is compiled once into ``TORCH_EXTENSIONS_DIR``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from model.losses import build_adamw
+from tasks.train.config import EngineConfig, OptimizerConfig
+from tasks.train.ds_config import deepspeed_config
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_EXTENSIONS_DIR = Path.home() / ".cache" / "posttrain_torch_extensions"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _venv_bin() -> str:
+    return str(Path(sys.executable).parent)
+
+
+def prepare_environment(engine: EngineConfig) -> None:
+    """Process-wide settings every rank needs before DeepSpeed is imported."""
+    os.environ.setdefault("DS_ACCELERATOR", engine.accelerator)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(DEFAULT_EXTENSIONS_DIR))
+    # two ninja binaries exist (system and venv); switching between them forces a rebuild
+    path = os.environ.get("PATH", "")
+    if not path.startswith(_venv_bin()):
+        os.environ["PATH"] = _venv_bin() + os.pathsep + path
+    if engine.threads_per_rank:
+        torch.set_num_threads(engine.threads_per_rank)
+
+
+def init_single_rank() -> None:
+    """Make this process rank 0 of a world of 1 unless a launcher already set the env."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(free_port()))
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def lr_lambda(optimizer_cfg: OptimizerConfig, total_steps: int):
+    """Linear warm-up, then constant or cosine decay to min_lr_ratio."""
+    warmup = optimizer_cfg.warmup_steps
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if optimizer_cfg.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        floor = optimizer_cfg.min_lr_ratio
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def create_engine(model: torch.nn.Module, engine_cfg: EngineConfig, optimizer_cfg: OptimizerConfig,
+                  lr: float, total_steps: int, gradient_clipping: float | None = None):
+    """(DeepSpeed engine, its JSON config) for ``model``."""
+    prepare_environment(engine_cfg)
+    init_single_rank()
+    import deepspeed
+
+    ds_config = deepspeed_config(engine_cfg, gradient_clipping)
+    ds_config["train_batch_size"] = engine_cfg.micro_batch_size * engine_cfg.gradient_accumulation_steps * world_size()
+    optimizer = build_adamw([p for p in model.parameters() if p.requires_grad], lr=lr,
+                            betas=optimizer_cfg.betas, eps=optimizer_cfg.eps,
+                            weight_decay=optimizer_cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(optimizer_cfg, total_steps))
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=ds_config)
+    return engine, ds_config
+
+
+def _gradient_norm_from_grads(engine) -> float:
+    grads = [p.grad.detach().float() for p in engine.module.parameters() if p.grad is not None]
+    if not grads:
+        return 0.0
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+
+
+def backward_and_step(engine, loss) -> float | None:
+    """Backward, then step; the global gradient norm (before clipping) at an accumulation
+    boundary, else None.
+
+    ZeRO optimizers record the norm during ``step``; at ZeRO-0 with a torch optimizer
+    DeepSpeed does not, so it is computed from the gradients before ``step`` clips them.
+    """
+    engine.backward(loss)
+    boundary = engine.is_gradient_accumulation_boundary()
+    manual = _gradient_norm_from_grads(engine) if boundary and engine.zero_optimization_stage() == 0 else None
+    engine.step()
+    if not boundary:
+        return None
+    if manual is not None:
+        return manual
+    recorded = engine.get_global_grad_norm()
+    return float(recorded) if recorded is not None else None
+
+
+def set_gradient_clipping(engine, value: float) -> None:
+    """Change the clip threshold of a live engine (M1 lowers it at each length step-up).
+
+    DeepSpeed reads the threshold from its config at every step (ZeRO-0) or keeps a copy
+    in its ZeRO optimizer; both are updated.
+    """
+    engine._config.gradient_clipping = value
+    if hasattr(engine.optimizer, "clip_grad"):
+        engine.optimizer.clip_grad = value
+
+
+def current_lr(engine) -> float:
+    return float(engine.optimizer.param_groups[0]["lr"])
+
+
+def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of launcher-started ranks: the venv's tools first, our packages importable."""
+    env = dict(os.environ)
+    env["PATH"] = _venv_bin() + os.pathsep + env.get("PATH", "")
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(DEFAULT_EXTENSIONS_DIR))
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)  # the launcher sets them per rank
+    env.update(extra or {})
+    return env
+
+
+def launcher_command(engine_cfg: EngineConfig, job_path: Path) -> list[str]:
+    entry = str(Path(__file__).with_name("launcher_entry.py"))
+    port = str(free_port())
+    if engine_cfg.launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+                "--nproc_per_node", str(engine_cfg.num_ranks), "--master_addr", "127.0.0.1",
+                "--master_port", port, entry, "--job", str(job_path)]
+    if engine_cfg.launcher == "deepspeed":
+        return [str(Path(_venv_bin()) / "deepspeed"), "--num_gpus", str(engine_cfg.num_ranks),
+                "--master_port", port, entry, "--job", str(job_path)]
+    # one rank in a fresh process (used for kill-and-resume and isolation)
+    return [sys.executable, entry, "--job", str(job_path)]
+
+
+def run_launcher(engine_cfg: EngineConfig, job_path: Path, log_path: Path) -> subprocess.Popen:
+    """Start the ranks; their output goes to ``log_path``. Returns the launcher process."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(launcher_command(engine_cfg, job_path), cwd=str(REPO_ROOT), env=subprocess_env(),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,0 +1,240 @@
+"""Online RL stage: CISPO (or GRPO / DAPO) with curriculum and staged length extension.
+
+One step: draw prompts (curriculum) -> sample a group of completions per prompt from the
+*current* policy (the sampler holds the engine's own module, so its weights are the
+trained ones at every step) -> rewards from the verifiers -> drop groups whose rewards are
+all equal (dynamic sampling) -> group advantages -> log-probs of the behaviour policy ->
+``updates_per_batch`` optimizer steps over minibatches of groups (the first on-policy, the
+rest off-policy, which is where CISPO's clipped importance weight matters) -> gates of
+the length schedule.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+
+import polars as pl
+import torch
+
+from model.losses import (
+    group_advantages,
+    informative_groups,
+    masked_mean,
+    policy_loss,
+    token_logprobs,
+)
+from tasks.rollout.base import SamplingParams
+from tasks.rollout.config import LocalConfig
+from tasks.rollout.local import LocalBackend
+from tasks.train.curriculum import Curriculum
+from tasks.train.data import encode_prompt, pad_batch, pad_id_of, prompt_text
+from tasks.train.engine import backward_and_step, current_lr, set_gradient_clipping
+from tasks.train.length_schedule import LengthSchedule
+from tasks.train.runner import StageHarness
+from tasks.verify.registry import verify
+from warehouse import Warehouse
+
+RewardFn = Callable[[dict, str, list[int]], float]
+
+
+def verifier_reward(row: dict, text: str, token_ids: list[int]) -> float:
+    """The rule-based reward: the domain's verifier on the source row (0 if unscorable)."""
+    return float(verify(row["domain"], row["source_row"], text))
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    return float(torch.quantile(torch.tensor(values, dtype=torch.float64), q))
+
+
+class RolloutBatch:
+    """Completions of the kept groups, flattened group by group, with their rewards."""
+
+    def __init__(self, group_size: int):
+        self.group_size = group_size
+        self.rows: list[dict] = []          # the pool row of each completion
+        self.completions: list = []
+        self.rewards: list[float] = []
+
+    def add_group(self, row: dict, completions, rewards: list[float]) -> None:
+        self.rows.extend([row] * len(completions))
+        self.completions.extend(completions)
+        self.rewards.extend(rewards)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.rewards) // self.group_size
+
+
+def _sample_groups(h: StageHarness, backend: LocalBackend, pool: list[dict], curriculum: Curriculum,
+                   step: int, max_tokens: int, reward_fn: RewardFn, tokenizer) -> tuple[RolloutBatch, dict, list]:
+    """Sample until ``prompts_per_step`` informative groups are kept or the rounds run out."""
+    cfg = h.stage_cfg
+    kept = RolloutBatch(cfg.group_size)
+    all_rewards, all_lengths, sampled_logps, truncated, seen = [], [], [], 0, []
+    for round_ in range(cfg.max_sampling_rounds):
+        need = cfg.prompts_per_step - kept.num_groups
+        if need <= 0:
+            break
+        indices = curriculum.sample(step, need, round_)
+        rows = [pool[i] for i in indices]
+        params = SamplingParams(
+            n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=max_tokens,
+            seed=h.cfg.seed * 1_000_003 + step * 31 + round_,
+            repetition_window=min(cfg.repetition_window, max_tokens) if cfg.repetition_window else None,
+            repetition_prob=cfg.repetition_prob)
+        groups = backend.generate([prompt_text(tokenizer, r["prompt"]) for r in rows], params)
+        backend.model.train()  # the sampler switched the shared module to eval
+        for row, completions in zip(rows, groups):
+            rewards = [min(1.0, max(0.0, reward_fn(row, c.text, c.token_ids))) for c in completions]
+            seen.append((row, completions, rewards, round_))
+            all_rewards.extend(rewards)
+            all_lengths.extend(len(c.token_ids) for c in completions)
+            truncated += sum(c.truncated for c in completions)
+            for c in completions:
+                sampled_logps.extend(c.logprobs or [])
+            informative = informative_groups(torch.tensor(rewards), cfg.group_size).item()
+            if (informative or not cfg.dynamic_sampling) and kept.num_groups < cfg.prompts_per_step:
+                kept.add_group(row, completions, rewards)
+    n = max(1, len(all_rewards))
+    mean_reward = sum(all_rewards) / n
+    stats = {
+        "reward_mean": mean_reward,
+        "reward_std": math.sqrt(sum((r - mean_reward) ** 2 for r in all_rewards) / n),
+        "response_length_p50": percentile(all_lengths, 0.5),
+        "response_length_p99": percentile(all_lengths, 0.99),
+        # perplexity of the generated sequences under the sampler: the first length gate
+        "generation_perplexity": math.exp(-sum(sampled_logps) / len(sampled_logps)) if sampled_logps else float("nan"),
+        "truncated_fraction": truncated / n,
+        "groups_kept": float(kept.num_groups),
+        "groups_sampled": float(len(seen)),
+    }
+    return kept, stats, seen
+
+
+def _training_tensors(batch: RolloutBatch, tokenizer, prompt_cache: dict[str, list[int]], pad: int) -> dict:
+    seqs, prompt_lengths = [], []
+    for row, completion in zip(batch.rows, batch.completions):
+        ids = prompt_cache.setdefault(row["prompt_id"], encode_prompt(tokenizer, row["prompt"]))
+        seqs.append(ids + list(completion.token_ids))
+        prompt_lengths.append(len(ids))
+    tensors = pad_batch(seqs, prompt_lengths, pad)
+    tensors["mask"] = (tensors["labels"][:, 1:] != -100).float()
+    # the sampler's own log-prob of each response token, aligned with the trainer's
+    sampler = torch.zeros_like(tensors["mask"])
+    for row, (completion, n_prompt) in enumerate(zip(batch.completions, prompt_lengths)):
+        if completion.logprobs:
+            sampler[row, n_prompt - 1: n_prompt - 1 + len(completion.logprobs)] = torch.tensor(completion.logprobs)
+    tensors["sampler_logp"] = sampler
+    return tensors
+
+
+def _minibatches(num_groups: int, group_size: int, updates: int) -> list[list[int]]:
+    """Row indices of each update: whole groups, so CISPO's per-group normalization holds."""
+    updates = max(1, min(updates, num_groups))
+    per = math.ceil(num_groups / updates)
+    out = []
+    for start in range(0, num_groups, per):
+        groups = range(start, min(num_groups, start + per))
+        out.append([g * group_size + i for g in groups for i in range(group_size)])
+    return out
+
+
+def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, eps_high: float) -> dict:
+    """Behaviour log-probs, then ``updates_per_batch`` optimizer steps; averaged statistics."""
+    cfg = h.stage_cfg
+    module = engine.module
+    with torch.no_grad():
+        old_logp, _, _ = token_logprobs(module, tensors["input_ids"], tensors["attention_mask"], tensors["labels"])
+    # M1 traced RL failures to a training/inference log-prob gap (LM head precision): keep it visible
+    sums: dict[str, float] = {
+        "train_infer_logprob_gap": masked_mean((old_logp - tensors["sampler_logp"]).abs(), tensors["mask"]).item()}
+    batches = _minibatches(advantages.numel() // cfg.group_size, cfg.group_size, cfg.updates_per_batch)
+    for rows in batches:
+        idx = torch.tensor(rows)
+        logp, entropy, aux = token_logprobs(module, tensors["input_ids"][idx], tensors["attention_mask"][idx],
+                                            tensors["labels"][idx])
+        mask = tensors["mask"][idx]
+        loss, stats = policy_loss(cfg.loss, logp, old_logp[idx], advantages[idx], mask, cfg.eps_low, eps_high,
+                                  group_size=cfg.group_size, cispo_variant=cfg.cispo_variant)
+        norm = backward_and_step(engine, loss + aux)
+        stats.update(loss=loss.item(), entropy=masked_mean(entropy.detach(), mask).item(),
+                     grad_norm=norm or 0.0)
+        for k, v in stats.items():
+            sums[k] = sums.get(k, 0.0) + v / len(batches)
+    return sums
+
+
+def _rollout_rows(h: StageHarness, step: int, seen: list, model_name: str) -> list[dict]:
+    cfg = h.stage_cfg
+    out = []
+    for row, completions, rewards, round_ in seen:
+        for i, (c, r) in enumerate(zip(completions, rewards)):
+            lp = c.logprobs or []
+            out.append({
+                "rollout_id": f"rl:{h.job.run_name}:{step}:{round_}:{row['prompt_id']}:{i}",
+                "prompt_id": row["prompt_id"], "source_table": "rl_prompts", "domain": row["domain"],
+                "sample_index": i, "text": c.text, "token_ids": list(c.token_ids), "num_tokens": len(c.token_ids),
+                "logprob_sum": float(sum(lp)) if lp else None, "logprob_mean": float(sum(lp) / len(lp)) if lp else None,
+                "finish_reason": c.finish_reason, "truncated": c.truncated, "reward": float(r),
+                "backend": "local", "model": model_name, "temperature": cfg.temperature, "top_p": cfg.top_p,
+                "seed": h.cfg.seed, "run_id": h.job.mlflow_run_id})
+    return out
+
+
+def _store_rollouts(h: StageHarness, rows: list[dict]) -> None:
+    if rows and h.is_rank0:
+        Warehouse(h.job.home).append("rollouts", pl.DataFrame(rows), parents=[h.job.data_ref])
+
+
+def load_pool(h: StageHarness) -> list[dict]:
+    pool = []
+    for r in h.read_data().iter_rows(named=True):
+        pool.append({**r, "source_row": json.loads(r["row_json"])})
+    return pool
+
+
+def train_rl(h: StageHarness, reward_fn: RewardFn | None = None) -> dict:
+    reward_fn = reward_fn or verifier_reward
+    cfg = h.stage_cfg
+    model, tokenizer = h.load_policy()
+    pool = load_pool(h)
+    curriculum = Curriculum(cfg.curriculum, [r["domain"] for r in pool], h.cfg.seed)
+    schedule = LengthSchedule(cfg.windows, cfg.gates)
+    engine = h.create_engine(model, gradient_clipping=schedule.window.gradient_clipping)
+    start, state = h.resume(engine)
+    if state.get("length_schedule"):
+        schedule.load_state_dict(state["length_schedule"])
+        set_gradient_clipping(engine, schedule.window.gradient_clipping)
+    # the sampler shares the engine's module: after every optimizer step it samples from
+    # the updated weights, with no copy to keep in sync (ZeRO <= 2 keeps full weights per rank)
+    backend = LocalBackend(engine.module, tokenizer, LocalConfig(batch_size=cfg.prompts_per_step * cfg.group_size))
+    pad, prompt_cache, pending, last = pad_id_of(tokenizer), {}, [], {}
+    for step in range(start, cfg.steps):
+        window = schedule.window
+        kept, stats, seen = _sample_groups(h, backend, pool, curriculum, step, window.max_tokens, reward_fn, tokenizer)
+        pending.extend(_rollout_rows(h, step, seen, h.job.init_model))
+        metrics = {**stats, "window": float(window.max_tokens), "eps_high": window.eps_high,
+                   "gradient_clipping": window.gradient_clipping, "curriculum_phase": float(curriculum.phase_index(step)),
+                   "lr": current_lr(engine)}
+        if kept.num_groups:
+            tensors = _training_tensors(kept, tokenizer, prompt_cache, pad)
+            advantages = group_advantages(torch.tensor(kept.rewards), cfg.group_size)
+            metrics.update(_update(h, engine, tensors, advantages, window.eps_high))
+        reading = schedule.observe(stats["generation_perplexity"], stats["response_length_p99"])
+        metrics.update(gate_perplexity_converged=float(reading.perplexity_converged),
+                       gate_length_near_window=float(reading.length_near_window))
+        if reading.advanced:
+            set_gradient_clipping(engine, schedule.window.gradient_clipping)
+        h.record(step, metrics)
+        last = metrics
+        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+            _store_rollouts(h, pending)
+            pending = []
+        h.maybe_checkpoint(engine, step, {"length_schedule": schedule.state_dict()})
+    _store_rollouts(h, pending)
+    return h.finish(engine, tokenizer, {"final_loss": last.get("loss"), "final_reward_mean": last.get("reward_mean"),
+                                        "final_window": schedule.window.max_tokens, "prompts": len(pool)},
+                    curves=("loss", "reward_mean", "response_length_p99", "generation_perplexity", "window"))

@@ -1,0 +1,45 @@
+"""Supervised fine-tuning stage (short or long): masked next-token NLL on the response."""
+from __future__ import annotations
+
+import hashlib
+
+from model.losses import sft_loss, token_logprobs
+from tasks.train.data import batch_indices, encode_example, pad_batch, pad_id_of
+from tasks.train.engine import backward_and_step, current_lr
+from tasks.train.runner import StageHarness
+
+
+def ids_digest(example_ids: list[str]) -> str:
+    """Short digest of the examples a step saw, to check the data order after a resume."""
+    return hashlib.sha256("|".join(example_ids).encode()).hexdigest()[:16]
+
+
+def train_sft(h: StageHarness) -> dict:
+    model, tokenizer = h.load_policy()
+    data = h.read_data()
+    example_ids = data["example_id"].to_list()
+    encoded = [encode_example(tokenizer, p, r) for p, r in zip(data["prompt"], data["response"])]
+    pad = pad_id_of(tokenizer)
+    cfg = h.stage_cfg
+    engine = h.create_engine(model)
+    start, _ = h.resume(engine)
+    loss_value = None
+    for step in range(start, cfg.steps):
+        indices = batch_indices(step, len(encoded), h.global_batch(), h.cfg.seed)
+        micro_losses, tokens, norm = [], 0, None
+        for micro in h.rank_micro_batches(indices):
+            batch = pad_batch([encoded[i][0] for i in micro], [encoded[i][1] for i in micro], pad,
+                              cfg.max_tokens)
+            logp, _, aux = token_logprobs(engine.module, batch["input_ids"], batch["attention_mask"],
+                                          batch["labels"])
+            mask = batch["labels"][:, 1:] != -100
+            loss = sft_loss(logp, mask, cfg.normalization) + aux
+            step_norm = backward_and_step(engine, loss)
+            norm = step_norm if step_norm is not None else norm
+            micro_losses.append(loss.item())
+            tokens += int(mask.sum())
+        loss_value = sum(micro_losses) / len(micro_losses)
+        h.record(step, {"loss": loss_value, "grad_norm": norm or 0.0, "lr": current_lr(engine),
+                        "tokens": tokens}, batch_digest=ids_digest([example_ids[i] for i in indices]))
+        h.maybe_checkpoint(engine, step)
+    return h.finish(engine, tokenizer, {"final_loss": loss_value, "examples": len(encoded)})

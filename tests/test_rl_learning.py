@@ -1,0 +1,45 @@
+"""A learning check: CISPO on the tiny model raises a trivially learnable reward."""
+import polars as pl
+from test_train_engine import seeded_sft_job
+
+from tasks.train.config import TrainConfig
+from tasks.train.rl import train_rl
+from tasks.train.runner import StageHarness, StageJob
+
+
+def first_token_reward(row, text, token_ids):
+    """1 when the response starts with a token id divisible by 4 (a quarter of the vocabulary)."""
+    return 1.0 if token_ids and token_ids[0] % 4 == 0 else 0.0
+
+
+def test_cispo_raises_mean_reward_on_an_easy_reward(wh):
+    cfg = TrainConfig(
+        seed=0,
+        base_model={"kind": "hybrid", "name": "test-base", "tokenizer_texts": 200},
+        optimizer={"lr": 1e-2},
+        engine={"zero_stage": 2, "precision": "fp32", "micro_batch_size": 2},
+        rl={"steps": 14, "checkpoint_every": 100, "prompts_per_step": 4, "group_size": 8, "updates_per_batch": 2,
+            "windows": [{"max_tokens": 2, "eps_high": 0.2, "gradient_clipping": 1.0},
+                        {"max_tokens": 3, "eps_high": 0.18, "gradient_clipping": 0.8}],
+            "gates": {"ppl_patience": 2, "ppl_tolerance": 10.0, "p99_fraction": 0.5, "min_steps_per_window": 4},
+            "curriculum": [{"start_step": 0, "domains": {"logic": 1.0}}],
+            "repetition_window": None, "max_sampling_rounds": 2})
+    sft_job = seeded_sft_job(wh, cfg)
+    refs = {r["name"]: f"{r['name']}@{r['snapshot']}" for r in wh.tables().iter_rows(named=True)}
+    job = StageJob(stage="rl", home=str(wh.home), run_name="learn", profile="test", init_model=sft_job.init_model,
+                   data_ref=refs["rl_prompts"], config=cfg.model_dump(), fingerprint="learn")
+    result = train_rl(StageHarness(job), reward_fn=first_token_reward)
+
+    curve = StageHarness(job).steps.records()
+    rewards = [r["reward_mean"] for r in curve]
+    assert len(rewards) == 14
+    start, end = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert end > start + 0.2, rewards
+    assert any(r.get("clip_fraction", 0) >= 0 and "loss" in r for r in curve)
+    # the schedule stepped up once its gates passed, lowering the clip threshold
+    assert curve[-1]["window"] == 3 and curve[-1]["gradient_clipping"] == 0.8
+    assert result["final_window"] == 3
+    rollouts = wh.read("rollouts")
+    assert rollouts.height == sum(int(r["groups_sampled"]) for r in curve) * 8
+    assert set(rollouts["source_table"]) == {"rl_prompts"}
+    assert isinstance(rollouts, pl.DataFrame)

@@ -1,0 +1,59 @@
+"""Kill a stage with SIGKILL after its first checkpoint; the resumed stage continues the same curve."""
+import json
+import os
+import signal
+import time
+
+from test_train_engine import seeded_sft_job, small_config
+
+from tasks.train import checkpoint
+from tasks.train.engine import run_launcher
+from tasks.train.runner import execute_stage
+
+
+def _records(path):
+    return checkpoint.StepLog(path, enabled=False).records()
+
+
+def test_sigkilled_stage_resumes_with_same_data_order_and_loss_curve(wh):
+    cfg = small_config()
+    cfg.sft_short.checkpoint_every = 3
+    job = seeded_sft_job(wh, cfg, stage_steps=30, run_name="resume")
+    stage = job.stage_path
+    stage.mkdir(parents=True, exist_ok=True)
+    job.save(stage / "job.json")
+
+    proc = run_launcher(cfg.engine, stage / "job.json", stage / "launcher.log")
+    deadline = time.time() + 300
+    try:
+        # wait for the first checkpoint and a couple of steps beyond it, then kill hard
+        while time.time() < deadline:
+            step = checkpoint.latest_step(stage)
+            if step is not None and len(_records(stage)) >= step + 2:
+                break
+            assert proc.poll() is None, (stage / "launcher.log").read_text()[-3000:]
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    assert not checkpoint.is_done(stage)
+    resumed_from = checkpoint.latest_step(stage)
+    killed_run = {r["step"]: r for r in _records(stage)}
+    assert resumed_from is not None and max(killed_run) >= resumed_from
+
+    result = execute_stage(job)           # same job, resumed in this process
+    curve = _records(stage)
+    assert [r["step"] for r in curve] == list(range(30))       # no gap, no duplicate
+    for r in curve:
+        if r["step"] in killed_run and r["step"] >= resumed_from:
+            # the steps the killed run had done after its checkpoint are redone identically
+            assert r["batch_digest"] == killed_run[r["step"]]["batch_digest"]
+            assert abs(r["loss"] - killed_run[r["step"]]["loss"]) < 1e-4
+        elif r["step"] < resumed_from:
+            assert r == killed_run[r["step"]]
+    assert result["final_loss"] == curve[-1]["loss"]
+    assert checkpoint.is_done(stage)
+    assert json.loads((stage / "job.json").read_text())["stage"] == "sft_short"
