@@ -153,6 +153,26 @@ def references(
 
 
 @app.command()
+def train(
+    stage: list[str] = typer.Option([], "--stage", help="sft_short | sft_long | dpo_short | dpo_long | rl (default: all)"),
+    resume: bool = typer.Option(True, "--resume/--no-resume", help="continue killed stages from checkpoints"),
+    profile: str = ProfileOpt, home: Optional[str] = HomeOpt,
+):
+    """Train SFT short/long -> DPO short/long -> CISPO RL on DeepSpeed; register each model."""
+    from flows.train import train_flow
+    with _stage_progress():
+        res = train_flow(profile=profile, home=home, stages=stage or None, resume=resume)
+    t = Table(title=f"training run {res['run_name']}")
+    for col in ("stage", "steps", "final loss", "seconds", "model"):
+        t.add_column(col)
+    for name, r in res["stages"].items():
+        t.add_row(name, str(r.get("steps")), f"{r.get('final_loss')}", f"{r.get('seconds', 0):.0f}"
+                  + (" (reused)" if r.get("skipped") else ""), str(r.get("path")))
+    console.print(t)
+    console.print(f"final model: {res['final_model']}   MLflow run {res['mlflow_run_id']}")
+
+
+@app.command()
 def evaluate(
     model: Optional[str] = typer.Option(None, "--model", help="model alias or path (default: newest in `models`)"),
     benchmark: list[str] = typer.Option([], "--benchmark", help="only these benchmarks"),

@@ -1,8 +1,9 @@
 """The full pipeline: every stage flow as a subflow under one parent MLflow run.
 
 A stage is skipped (with a log line) when its cache key is unchanged since its last
-successful run: the key hashes the stage's profile sections and the snapshot ids of the
-tables it reads, so a re-run after new data redoes only what the new data touches.
+successful run: the key hashes the stage's profile sections, the snapshot ids of the
+tables it reads and the keys of the stages it follows (a training stage starts from the
+previous stage's model), so a re-run after new data redoes only what the new data touches.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from flows.evaluate import evaluate_flow
 from flows.ingest import ingest_flow
 from flows.references import references_flow
 from flows.synthesize import synthesize_flow
+from flows.train import train_stage_flow
 from warehouse import Warehouse
 
 
@@ -34,6 +36,7 @@ class Stage:
     run: Callable[[str, str | None], dict]
     inputs: tuple[str, ...] = ()           # tables whose snapshots key the cache
     sections: tuple[str, ...] = ()         # profile sections that shape the stage
+    after: tuple[str, ...] = ()            # stages whose results this one builds on
     extra_key: Callable[[], str] = field(default=lambda: "")
 
 
@@ -45,6 +48,12 @@ def _package_versions(*names: str) -> str:
         except metadata.PackageNotFoundError:
             out.append(f"{n}==missing")
     return ",".join(out)
+
+
+def _train_stage(name: str, inputs: tuple[str, ...], after: tuple[str, ...]) -> Stage:
+    """A DeepSpeed training stage; it starts from the model the stage it follows produced."""
+    return Stage(name, lambda profile, home: train_stage_flow(name, profile=profile, home=home),
+                 inputs=inputs, sections=("train", "model"), after=after)
 
 
 STAGES: dict[str, Stage] = {
@@ -70,9 +79,14 @@ STAGES: dict[str, Stage] = {
         "references", lambda profile, home: references_flow(profile=profile, home=home),
         inputs=("sft_pool", "prompts"), sections=("references", "rollout"),
     ),
+    "sft_short": _train_stage("sft_short", ("sft_pool", "prompts", "synthetic_tasks"), ()),
+    "sft_long": _train_stage("sft_long", ("sft_pool", "prompts", "synthetic_tasks"), ("sft_short",)),
+    "dpo_short": _train_stage("dpo_short", ("difficulty", "references", "synthetic_tasks"), ("sft_long",)),
+    "dpo_long": _train_stage("dpo_long", ("difficulty", "references", "synthetic_tasks"), ("dpo_short",)),
+    "rl": _train_stage("rl", ("difficulty", "rl_pool", "synthetic_tasks"), ("dpo_long",)),
     "evaluate": Stage(
         "evaluate", lambda profile, home: evaluate_flow(profile=profile, home=home),
-        inputs=("benchmarks", "models", "synthetic_tasks"), sections=("evaluate", "rollout"),
+        inputs=("benchmarks", "synthetic_tasks"), sections=("evaluate", "rollout"), after=("rl",),
     ),
 }
 
@@ -86,8 +100,9 @@ def stage_cache_key(stage: Stage, profile: Profile, wh: Warehouse) -> tuple[str,
     for t in stage.inputs:
         ref = wh.latest(t)
         inputs.append(str(ref) if ref else f"{t}@none")
+    upstream = {dep: (last_stage_run(wh, dep) or {}).get("cache_key") for dep in stage.after}
     blob = json.dumps({"stage": stage.name, "config": profile.config_hash("profile", *stage.sections),
-                       "inputs": inputs, "extra": stage.extra_key()}, sort_keys=True)
+                       "inputs": inputs, "after": upstream, "extra": stage.extra_key()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24], inputs
 
 

@@ -55,8 +55,8 @@ def test_train_flow_runs_every_stage_with_child_runs_and_lineage(home, wh):
     assert rollouts.height > 0 and set(rollouts["source_table"]) == {"rl_prompts"}
     assert synth.rows > 0
 
-    # a second run retrains only from the first stage whose data changed (the RL rollouts
-    # just written are new DPO negatives); everything before it is reused as is
+    # a second run retrains only from the first stage whose data changed; everything before
+    # it is reused as is (the RL stage's own rollouts are not DPO data, so here: nothing)
     again = train_flow(profile="tiny", home=str(home))
     unchanged_so_far = True
     for s in stages:

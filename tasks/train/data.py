@@ -228,7 +228,7 @@ def _prompt_rows(wh: Warehouse, refs: list[TableRef]) -> dict[str, dict]:
 def _chosen_candidates(wh: Warehouse, prompts: dict[str, dict], refs: list[TableRef]) -> dict[str, tuple[str, str]]:
     """prompt_id -> (response, source): a correct rollout first, then a GenRM reference, then gold."""
     chosen: dict[str, tuple[str, str]] = {}
-    rollouts, rref = _read(wh, "rollouts")
+    rollouts, rref = _offline_rollouts(wh)
     if rref is not None:
         refs.append(rref)
         good = rollouts.filter((pl.col("reward") >= 1.0) & pl.col("text").is_not_null()).sort("rollout_id")
@@ -246,8 +246,20 @@ def _chosen_candidates(wh: Warehouse, prompts: dict[str, dict], refs: list[Table
     return chosen
 
 
-def _rejected_candidates(wh: Warehouse) -> dict[str, str]:
+def _offline_rollouts(wh: Warehouse) -> tuple[pl.DataFrame, TableRef | None]:
+    """Rollouts sampled before training (difficulty filtering), not the RL stage's own.
+
+    DPO precedes RL in the recipe; leaving RL samples out also keeps the DPO data, and so a
+    re-run of an unchanged pipeline, stable.
+    """
     rollouts, ref = _read(wh, "rollouts")
+    if ref is None:
+        return rollouts, None
+    return rollouts.filter(pl.col("source_table") != "rl_prompts"), ref
+
+
+def _rejected_candidates(wh: Warehouse) -> dict[str, str]:
+    rollouts, ref = _offline_rollouts(wh)
     if ref is None:
         return {}
     bad = rollouts.filter((pl.col("reward") <= 0.0) & pl.col("text").is_not_null()
