@@ -13,6 +13,7 @@ Decoding keeps one constant-size [B, H, K, V] fp32 state per lightning layer
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -275,7 +276,53 @@ class HybridDecoderLayer(nn.Module):
         return x + ffn_out, aux_loss
 
 
+# --------------------------------------------------------------------------- head
+
+
+class FusedLogprobHead(nn.Linear):
+    """The LM head: an ``nn.Linear`` (so checkpoints keep ``lm_head.weight`` and HF utilities
+    see an ordinary output embedding) whose forward runs in FP32 and, given labels, scores
+    them through the fused kernel instead of returning full-vocabulary logits.
+
+    Every use of the weight happens inside this module's forward on purpose: ZeRO-3 keeps
+    parameters partitioned and gathers them only around the owning module's call, so a
+    ``lm_head.weight`` read anywhere else would see an empty shard.
+    """
+
+    def __init__(self, hidden_size: int, vocab_size: int, device=None, dtype=None):
+        super().__init__(hidden_size, vocab_size, bias=False, device=device, dtype=dtype)
+
+    @classmethod
+    def adopt(cls, linear: nn.Linear) -> FusedLogprobHead:
+        """Wrap a plain bias-free ``nn.Linear`` (what ``resize_token_embeddings`` builds),
+        keeping its Parameter object so ties and optimizer references survive."""
+        if isinstance(linear, cls):
+            return linear
+        if linear.bias is not None:
+            raise ValueError("the fused log-prob head has no bias; got an nn.Linear with one")
+        head = cls(linear.in_features, linear.out_features, device="meta")
+        head.weight = linear.weight
+        return head
+
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor | None = None,
+                ignore_index: int = IGNORE_INDEX):
+        """FP32 logits [..., V] without labels; with labels of shape hidden.shape[:-1],
+        (FP32 log p(label), entropy of the next-token distribution), label ``ignore_index``
+        scoring 0."""
+        if labels is None:
+            return F.linear(hidden.float(), self.weight.float())
+        return token_logprobs(hidden, self.weight, labels, ignore_index)
+
+
 # --------------------------------------------------------------------------- models
+
+
+@dataclass
+class HybridCausalLMOutput(MoeCausalLMOutputWithPast):
+    """With labels: ``token_logprobs`` and ``entropy`` of every next token, [B, T-1] FP32."""
+
+    token_logprobs: torch.FloatTensor | None = None
+    entropy: torch.FloatTensor | None = None
 
 
 class HybridPreTrainedModel(PreTrainedModel):
@@ -362,7 +409,7 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
     def __init__(self, config: HybridConfig):
         super().__init__(config)
         self.model = HybridModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = FusedLogprobHead(config.hidden_size, config.vocab_size)
         self.post_init()
 
     def get_input_embeddings(self):
@@ -371,9 +418,15 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
     def set_input_embeddings(self, value):
         self.model.embed_tokens = value
 
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear):
+        self.lm_head = FusedLogprobHead.adopt(new_embeddings)
+
     def fp32_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head in FP32 whatever the model dtype."""
-        return F.linear(hidden.float(), self.lm_head.weight.float())
+        return self.lm_head(hidden)
 
     def forward(
         self,
@@ -386,26 +439,26 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         logits_to_keep: int = 0,
         **kwargs,
-    ) -> MoeCausalLMOutputWithPast:
+    ) -> HybridCausalLMOutput:
         """With ``labels`` (aligned with input_ids, shifted inside, -100 ignored) the loss is the
         mean token NLL from the fused FP32 kernel plus ``router_aux_loss_coef`` * balance loss,
-        and full-vocabulary logits are not built. Without labels, FP32 logits are returned
-        (only the last ``logits_to_keep`` positions when it is > 0)."""
+        the per-token log-probs and entropies are returned too, and full-vocabulary logits are
+        not built. Without labels, FP32 logits are returned (only the last ``logits_to_keep``
+        positions when it is > 0)."""
         hidden, aux_loss, cache = self.model(
             input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache
         )
-        loss, logits = None, None
-        if labels is not None:
-            targets = self._shifted_targets(labels, attention_mask)
-            logp, _ = token_logprobs(hidden[:, :-1], self.lm_head.weight, targets, IGNORE_INDEX)
-            n_valid = (targets != IGNORE_INDEX).sum().clamp(min=1)
-            loss = -logp.sum() / n_valid
-            if self.config.num_experts:
-                loss = loss + self.config.router_aux_loss_coef * aux_loss
-        else:
+        if labels is None:
             kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
-            logits = self.fp32_logits(kept)
-        return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, logits=logits, cache=cache)
+            return HybridCausalLMOutput(aux_loss=aux_loss, logits=self.lm_head(kept), cache=cache)
+        targets = self._shifted_targets(labels, attention_mask)
+        logp, entropy = self.lm_head(hidden[:, :-1], targets)
+        n_valid = (targets != IGNORE_INDEX).sum().clamp(min=1)
+        loss = -logp.sum() / n_valid
+        if self.config.num_experts:
+            loss = loss + self.config.router_aux_loss_coef * aux_loss
+        return HybridCausalLMOutput(loss=loss, aux_loss=aux_loss, cache=cache,
+                                    token_logprobs=logp, entropy=entropy)
 
     @staticmethod
     def _shifted_targets(labels: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -427,11 +480,15 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         input_ids, positions with label -100 or attention_mask 0 get log-prob 0. Entropy is
         of the full next-token distribution at each position. Differentiable (fused kernel
         backward). With ``with_aux`` the MoE balance loss is returned third.
+
+        Runs as a call of this module (not of its parts) so that DeepSpeed's hooks on the
+        root module fire: ZeRO-3 resets its parameter-fetch trace there on every pass.
         """
-        hidden, aux_loss, _ = self.model(input_ids, attention_mask, use_cache=False)
-        targets = self._shifted_targets(input_ids if labels is None else labels, attention_mask)
-        logp, entropy = token_logprobs(hidden[:, :-1], self.lm_head.weight, targets, IGNORE_INDEX)
-        return (logp, entropy, aux_loss) if with_aux else (logp, entropy)
+        labels = input_ids if labels is None else labels
+        out = self(input_ids, attention_mask=attention_mask, labels=labels, use_cache=False)
+        if with_aux:
+            return out.token_logprobs, out.entropy, out.aux_loss
+        return out.token_logprobs, out.entropy
 
 
 def count_parameters(model: nn.Module) -> int:

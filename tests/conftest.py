@@ -18,6 +18,12 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.pop("POSTTRAIN_MLFLOW_RUN_ID", None)
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Without a GPU only Triton's interpreter runs kernels. It must be on before any module
+# applies @triton.jit, whichever test file happens to import triton first.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -74,10 +74,6 @@ class StageHarness:
         from tasks.rollout.local import load_causal_lm
 
         model, tokenizer = load_causal_lm(self.job.init_model, dtype="float32")
-        if self.cfg.engine.zero_stage == 3 and hasattr(model, "token_logprobs"):
-            raise ValueError(
-                f"stage {self.job.stage}: ZeRO-3 shards lm_head.weight, which the fused FP32 log-prob "
-                "path reads outside a module call; use zero_stage <= 2 for this model")
         return model.train(), tokenizer
 
     def read_data(self) -> pl.DataFrame:
