@@ -1,26 +1,15 @@
 """The synthesize table layer: run_synthesis fills synthetic_tasks deterministically for every
 task, drops and records duplicates, follows calibration, logs to MLflow, runs inside a flow."""
 import json
-import os
 
-# the ephemeral Prefect server can take longer than the default 20 s to start on 2 busy cores
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+import polars as pl
+import pytest
+from mlflow.tracking import MlflowClient
+from prefect import flow
 
-import polars as pl  # noqa: E402
-import pytest  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
-from prefect import flow  # noqa: E402
-
-from tasks.synth.config import SynthesizeConfig  # noqa: E402
-from tasks.synth.registry import get_task, own_task_names  # noqa: E402
-from tasks.synthesize import SynthesisConfigError, run_synthesis  # noqa: E402
-
-@pytest.fixture(autouse=True)
-def _fresh_tracking_store(monkeypatch):
-    # mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI, which would keep later tests
-    # logging into an earlier test's home; each test uses the store under its own home
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-
+from tasks.synth.config import SynthesizeConfig
+from tasks.synth.registry import get_task, own_task_names
+from tasks.synthesize import SynthesisConfigError, run_synthesis
 
 
 def _runs(home):
@@ -106,3 +95,30 @@ def test_runs_inside_a_prefect_flow_with_reasoning_gym(wh, home):
                            tasks=["game_of_24", "web_of_lies", "rg:basic_arithmetic"], seed=1)
     assert direct.content_hash == wh.latest("synthetic_tasks").content_hash
     assert wh.read("synthetic_tasks").equals(table)
+
+
+def test_calibration_flow_with_a_real_local_model_backend(home, monkeypatch):
+    """`synthesize --calibrate` through real rollout backends (the tiny local model as both
+    solvers): probes land in task_calibration and synthesis follows the stored band."""
+    for key, value in {"POSTTRAIN__SYNTHESIZE__CALIBRATION__INSTANCES_PER_LEVEL": "2",
+                       "POSTTRAIN__SYNTHESIZE__CALIBRATION__BASE_SAMPLES": "2",
+                       "POSTTRAIN__SYNTHESIZE__CALIBRATION__STRONG_SAMPLES": "2",
+                       "POSTTRAIN__SYNTHESIZE__CALIBRATION__STRONG_K": "2",
+                       "POSTTRAIN__ROLLOUT__MAX_TOKENS": "12",
+                       "POSTTRAIN__ROLLOUT__REPETITION_WINDOW": "8"}.items():
+        monkeypatch.setenv(key, value)
+    from flows.synthesize import synthesize_flow
+    from warehouse import Warehouse
+    res = synthesize_flow(profile="tiny", home=str(home), per_task=2, tasks=["word_sorting"],
+                          calibrate=True, strong_model="tiny-llama")
+    wh = Warehouse(home)
+    cal = wh.read("task_calibration").row(0, named=True)
+    assert cal["task"] == "word_sorting" and cal["base_solver"] == "base:tiny-llama"
+    assert cal["strong_solver"] == "strong:tiny-llama"
+    probes = json.loads(cal["probes"])
+    assert probes and all("level" in p for p in probes)
+    assert set(res["tables"]) == {"task_calibration", "synthetic_tasks"}
+    # a random model solves nothing even at level 0: the task is too hard for it, and
+    # synthesis (skip_too_hard) draws no instances of it
+    assert cal["status"] == "too_hard"
+    assert res["instances"] == 0 and wh.read("synthetic_tasks").height == 0
