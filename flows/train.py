@@ -7,6 +7,10 @@ DeepSpeed JSON, plots, its data snapshot as a dataset input, the final weights),
 continues from its last checkpoint and a finished one is not trained again, as long as
 its config, data and initial model are unchanged.
 
+The RL stage returns the length-bias monitor's events (reward following response length
+at fixed correctness); with ``rl.length_bias.trigger_recalibration`` each one starts the
+references flow's ``recalibrate_flow`` once the stage is done.
+
 Public entry points: ``train_flow`` (all or some stages), ``train_stage_flow`` (one stage)
 and one function per stage (``sft_short``, ``sft_long``, ``dpo_short``, ``dpo_long``, ``rl``).
 """
@@ -21,7 +25,9 @@ import polars as pl
 from prefect import flow, task
 
 from flows.common import flow_context, flow_logger, report_progress
+from flows.references import recalibrate_flow
 from tasks import tracking
+from tasks.genrm.config import LengthBiasConfig
 from tasks.train import checkpoint
 from tasks.train.base_model import prepare_base_model
 from tasks.train.config import STAGE_ORDER, TrainConfig
@@ -141,6 +147,27 @@ def _previous_model(wh: Warehouse, run_name: str, stage: str, base: str) -> str:
     return base
 
 
+def handle_length_bias_events(events: list[dict], cfg: LengthBiasConfig, profile: str, home: str) -> list[dict]:
+    """Recalibrate the GenRM once per length-bias event of an RL stage; what each run found."""
+    log = flow_logger()
+    if not events:
+        return []
+    if not cfg.trigger_recalibration:
+        log.warning("rl: %d length-bias event(s); rl.length_bias.trigger_recalibration is off, not recalibrating",
+                    len(events))
+        return []
+    out = []
+    for event in events:
+        res = recalibrate_flow(event, profile=profile, home=home)
+        log.warning("rl step %s: length bias %s=%.3f > %.2f -> recalibration run %s (slope %.4f, after %s)",
+                    event.get("rl_step"), event.get("method"), event["statistic"], event["threshold"],
+                    res["mlflow_run_id"], res["slope"], res["statistic_after"])
+        out.append({"rl_step": event.get("rl_step"), "statistic": event["statistic"],
+                    "mlflow_run_id": res["mlflow_run_id"], "slope": res["slope"],
+                    "statistic_after": res["statistic_after"], "tables": res["tables"]})
+    return out
+
+
 @flow(name="train", log_prints=True)
 def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str] | None = None,
                resume: bool = True, run_name: str | None = None) -> dict:
@@ -160,6 +187,7 @@ def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str]
             parsed = TableRef.parse(ref)
             tracking.log_table(TableRef(parsed.name, parsed.snapshot, *_ref_meta(wh, parsed)), context="output")
         results: dict[str, dict] = {}
+        recalibrations: list[dict] = []
         init_model = _previous_model(wh, name, sequence[0], base) if sequence else base
         for stage in sequence:
             table = STAGE_TABLE[stage]
@@ -171,12 +199,15 @@ def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str]
                                    cfg.model_dump(), config_hash, ctx.run_id, resume)
             log.info("train %s: %s steps in %.1fs, final loss %s%s", stage, res.get("steps"), res.get("seconds", 0),
                      res.get("final_loss"), " (already done)" if res.get("skipped") else "")
+            if stage == "rl" and not res.get("skipped"):  # a reused stage's events were handled when it ran
+                recalibrations = handle_length_bias_events(res.get("length_bias_events") or [], cfg.rl.length_bias,
+                                                           ctx.profile.name, home_str)
             results[stage] = res
             init_model = res["path"]
             report_progress(f"train.{stage}", "done")
         report_progress("train", "done")
         return {"mlflow_run_id": ctx.run_id, "run_name": name, "base_model": base, "data": data_refs,
-                "stages": results, "final_model": init_model,
+                "stages": results, "final_model": init_model, "recalibrations": recalibrations,
                 "tables": {**data_refs, **({"models": str(wh.latest("models"))} if wh.exists("models") else {})}}
 
 

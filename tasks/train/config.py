@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tasks.genrm.config import JudgeConfig, LengthBiasConfig
+
 STAGE_ORDER = ("sft_short", "sft_long", "dpo_short", "dpo_long", "rl")
 StageName = Literal["sft_short", "sft_long", "dpo_short", "dpo_long", "rl"]
 
@@ -101,6 +103,28 @@ class CurriculumPhase(_Strict):
         return self
 
 
+class GenRMRewardConfig(_Strict):
+    """The generative reward for prompts rules cannot check (M1: general / instruction)."""
+    enabled: bool = True
+    domains: list[str] = Field(default_factory=lambda: ["general", "instruction"],
+                               description="prompt domains rewarded by the GenRM instead of a verifier")
+    # M1: pairwise against the reference, both orders, k blind samples (tasks.genrm defaults)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="judge model, sampling and consistency")
+    # pairwise verdict of the response against the reference -> reward in [0, 1]
+    verdict_rewards: dict[int, float] = Field(default_factory=lambda: {-1: 0.0, 0: 0.5, 1: 1.0})
+    reference_fields: list[str] = Field(
+        default_factory=lambda: ["solution", "answer"],
+        description="row fields used as the reference when the references table has none for the prompt")
+
+    @model_validator(mode="after")
+    def _verdicts(self) -> GenRMRewardConfig:
+        if sorted(self.verdict_rewards) != [-1, 0, 1]:
+            raise ValueError(f"rl.genrm.verdict_rewards must map -1, 0 and 1, got {sorted(self.verdict_rewards)}")
+        if any(not 0.0 <= r <= 1.0 for r in self.verdict_rewards.values()):
+            raise ValueError(f"rl.genrm.verdict_rewards values must lie in [0, 1], got {self.verdict_rewards}")
+        return self
+
+
 class RLStageConfig(StageCommon):
     loss: Literal["cispo", "grpo", "dapo"] = "cispo"
     cispo_variant: Literal["clip", "mask"] = "clip"
@@ -124,6 +148,9 @@ class RLStageConfig(StageCommon):
         CurriculumPhase(start_step=0, domains={"math": 1.0, "logic": 1.0, "code": 1.0}),
         CurriculumPhase(start_step=1000, domains={"math": 1.0, "logic": 1.0, "code": 1.0, "general": 1.0})])
     max_prompts: int | None = Field(None, ge=1, description="cap on the RL pool size")
+    genrm: GenRMRewardConfig = Field(default_factory=GenRMRewardConfig)
+    # does the reward follow response length at fixed correctness? (events -> recalibration)
+    length_bias: LengthBiasConfig = Field(default_factory=LengthBiasConfig)
 
     @model_validator(mode="after")
     def _windows_grow(self) -> RLStageConfig:

@@ -2,11 +2,14 @@
 
 One step: draw prompts (curriculum) -> sample a group of completions per prompt from the
 *current* policy (the sampler holds the engine's own module, so its weights are the
-trained ones at every step) -> rewards from the verifiers -> drop groups whose rewards are
-all equal (dynamic sampling) -> group advantages -> log-probs of the behaviour policy ->
-``updates_per_batch`` optimizer steps over minibatches of groups (the first on-policy, the
-rest off-policy, which is where CISPO's clipped importance weight matters) -> gates of
-the length schedule.
+trained ones at every step) -> rewards by domain (verifiers for math/logic/code, the
+GenRM against the prompt's reference for general/instruction, one batched judge call per
+sampling round) -> drop groups whose rewards are all equal (dynamic sampling) -> group
+advantages -> log-probs of the behaviour policy -> ``updates_per_batch`` optimizer steps
+over minibatches of groups (the first on-policy, the rest off-policy, which is where
+CISPO's clipped importance weight matters) -> gates of the length schedule -> the
+length-bias monitor (reward vs response length at fixed correctness), whose events end up
+in the stage summary for the flow to act on.
 """
 from __future__ import annotations
 
@@ -24,23 +27,20 @@ from model.losses import (
     policy_loss,
     token_logprobs,
 )
-from tasks.rollout.base import SamplingParams
-from tasks.rollout.config import LocalConfig
+from tasks.genrm.length_bias import LengthBiasMonitor
+from tasks.genrm.references import current_references
+from tasks.rollout.base import RolloutBackend, SamplingParams
+from tasks.rollout.config import LocalConfig, RolloutConfig
 from tasks.rollout.local import LocalBackend
 from tasks.train.curriculum import Curriculum
 from tasks.train.data import encode_prompt, pad_batch, pad_id_of, prompt_text
 from tasks.train.engine import backward_and_step, current_lr, set_gradient_clipping
+from tasks.train.genrm_reward import DomainReward, RewardCounters, RewardFn, references_by_prompt
 from tasks.train.length_schedule import LengthSchedule
 from tasks.train.runner import StageHarness
-from tasks.verify.registry import verify
 from warehouse import Warehouse
 
-RewardFn = Callable[[dict, str, list[int]], float]
-
-
-def verifier_reward(row: dict, text: str, token_ids: list[int]) -> float:
-    """The rule-based reward: the domain's verifier on the source row (0 if unscorable)."""
-    return float(verify(row["domain"], row["source_row"], text))
+JudgeFactory = Callable[[], RolloutBackend]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -69,10 +69,15 @@ class RolloutBatch:
 
 
 def _sample_groups(h: StageHarness, backend: LocalBackend, pool: list[dict], curriculum: Curriculum,
-                   step: int, max_tokens: int, reward_fn: RewardFn, tokenizer) -> tuple[RolloutBatch, dict, list]:
-    """Sample until ``prompts_per_step`` informative groups are kept or the rounds run out."""
+                   step: int, max_tokens: int, rewarder: DomainReward, tokenizer) -> tuple[RolloutBatch, dict, list]:
+    """Sample until ``prompts_per_step`` informative groups are kept or the rounds run out.
+
+    Each round is scored as a whole, so its GenRM samples form one judge call; a further
+    round is drawn only when dynamic sampling dropped groups, which needs those rewards.
+    """
     cfg = h.stage_cfg
     kept = RolloutBatch(cfg.group_size)
+    counters = RewardCounters()
     all_rewards, all_lengths, sampled_logps, truncated, seen = [], [], [], 0, []
     for round_ in range(cfg.max_sampling_rounds):
         need = cfg.prompts_per_step - kept.num_groups
@@ -87,9 +92,10 @@ def _sample_groups(h: StageHarness, backend: LocalBackend, pool: list[dict], cur
             repetition_prob=cfg.repetition_prob)
         groups = backend.generate([prompt_text(tokenizer, r["prompt"]) for r in rows], params)
         backend.model.train()  # the sampler switched the shared module to eval
-        for row, completions in zip(rows, groups):
-            rewards = [min(1.0, max(0.0, reward_fn(row, c.text, c.token_ids))) for c in completions]
-            seen.append((row, completions, rewards, round_))
+        scored_groups = rewarder.score(rows, groups, counters, step, round_)
+        for row, completions, scored in zip(rows, groups, scored_groups):
+            rewards = [s.reward for s in scored]
+            seen.append((row, completions, scored, round_))
             all_rewards.extend(rewards)
             all_lengths.extend(len(c.token_ids) for c in completions)
             truncated += sum(c.truncated for c in completions)
@@ -110,8 +116,20 @@ def _sample_groups(h: StageHarness, backend: LocalBackend, pool: list[dict], cur
         "truncated_fraction": truncated / n,
         "groups_kept": float(kept.num_groups),
         "groups_sampled": float(len(seen)),
+        **counters.metrics(),
     }
     return kept, stats, seen
+
+
+def _monitor_inputs(seen: list) -> tuple[list[float], list[int], list[float]]:
+    """(reward, response length, correctness) of every sample drawn in the step."""
+    rewards, lengths, correct = [], [], []
+    for _row, completions, scored, _round in seen:
+        for c, s in zip(completions, scored):
+            rewards.append(s.reward)
+            lengths.append(len(c.token_ids))
+            correct.append(s.correct)
+    return rewards, lengths, correct
 
 
 def _training_tensors(batch: RolloutBatch, tokenizer, prompt_cache: dict[str, list[int]], pad: int) -> dict:
@@ -170,15 +188,15 @@ def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, ep
 def _rollout_rows(h: StageHarness, step: int, seen: list, model_name: str) -> list[dict]:
     cfg = h.stage_cfg
     out = []
-    for row, completions, rewards, round_ in seen:
-        for i, (c, r) in enumerate(zip(completions, rewards)):
+    for row, completions, scored, round_ in seen:
+        for i, (c, sample) in enumerate(zip(completions, scored)):
             lp = c.logprobs or []
             out.append({
                 "rollout_id": f"rl:{h.job.run_name}:{step}:{round_}:{row['prompt_id']}:{i}",
                 "prompt_id": row["prompt_id"], "source_table": "rl_prompts", "domain": row["domain"],
                 "sample_index": i, "text": c.text, "token_ids": list(c.token_ids), "num_tokens": len(c.token_ids),
                 "logprob_sum": float(sum(lp)) if lp else None, "logprob_mean": float(sum(lp) / len(lp)) if lp else None,
-                "finish_reason": c.finish_reason, "truncated": c.truncated, "reward": float(r),
+                "finish_reason": c.finish_reason, "truncated": c.truncated, "reward": float(sample.reward),
                 "backend": "local", "model": model_name, "temperature": cfg.temperature, "top_p": cfg.top_p,
                 "seed": h.cfg.seed, "run_id": h.job.mlflow_run_id})
     return out
@@ -196,11 +214,37 @@ def load_pool(h: StageHarness) -> list[dict]:
     return pool
 
 
-def train_rl(h: StageHarness, reward_fn: RewardFn | None = None) -> dict:
-    reward_fn = reward_fn or verifier_reward
+def judge_backend_factory(rollout: RolloutConfig, home: str) -> JudgeFactory:
+    """Builds the judge's rollout backend on first use (the tiny alias lives under the job's home)."""
+    def build() -> RolloutBackend:
+        from tasks.rollout.factory import make_backend
+        from tasks.rollout.tiny_model import TINY_LLAMA_NAME, tiny_llama_path
+
+        resolved = rollout
+        if rollout.model == TINY_LLAMA_NAME:
+            resolved = rollout.model_copy(update={"model": str(tiny_llama_path(home))})
+        return make_backend(resolved)
+    return build
+
+
+def make_rewarder(h: StageHarness, pool: list[dict], reward_fn: RewardFn | None,
+                  judge_backend: JudgeFactory | None) -> DomainReward:
+    """The step's reward: ``reward_fn`` for every sample when given, else verifiers + GenRM by domain."""
+    cfg = h.stage_cfg.genrm
+    references: dict[str, str] = {}
+    if cfg.enabled and reward_fn is None and any(r["domain"] in cfg.domains for r in pool):
+        references = references_by_prompt(current_references(Warehouse(h.job.home)),
+                                          {r["prompt_id"] for r in pool})
+    return DomainReward(cfg, references, judge_backend or judge_backend_factory(cfg.judge.rollout, h.job.home),
+                        seed=h.cfg.seed, custom=reward_fn)
+
+
+def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: JudgeFactory | None = None) -> dict:
+    """Train the RL stage; ``reward_fn`` replaces the domain rewards, ``judge_backend`` the configured judge."""
     cfg = h.stage_cfg
     model, tokenizer = h.load_policy()
     pool = load_pool(h)
+    rewarder = make_rewarder(h, pool, reward_fn, judge_backend)
     curriculum = Curriculum(cfg.curriculum, [r["domain"] for r in pool], h.cfg.seed)
     schedule = LengthSchedule(cfg.windows, cfg.gates)
     engine = h.create_engine(model, gradient_clipping=schedule.window.gradient_clipping)
@@ -208,13 +252,17 @@ def train_rl(h: StageHarness, reward_fn: RewardFn | None = None) -> dict:
     if state.get("length_schedule"):
         schedule.load_state_dict(state["length_schedule"])
         set_gradient_clipping(engine, schedule.window.gradient_clipping)
+    # events reach the flow through the stage summary (tasks cannot start flows): no callback
+    monitor = LengthBiasMonitor(cfg.length_bias, run_id=h.job.mlflow_run_id if h.is_rank0 else None)
+    monitor.step = start  # its step numbers follow the RL steps (1-based) after a resume too
+    events: list[dict] = []
     # the sampler shares the engine's module: after every optimizer step it samples from
     # the updated weights, with no copy to keep in sync (ZeRO <= 2 keeps full weights per rank)
     backend = LocalBackend(engine.module, tokenizer, LocalConfig(batch_size=cfg.prompts_per_step * cfg.group_size))
     pad, prompt_cache, pending, last = pad_id_of(tokenizer), {}, [], {}
     for step in range(start, cfg.steps):
         window = schedule.window
-        kept, stats, seen = _sample_groups(h, backend, pool, curriculum, step, window.max_tokens, reward_fn, tokenizer)
+        kept, stats, seen = _sample_groups(h, backend, pool, curriculum, step, window.max_tokens, rewarder, tokenizer)
         pending.extend(_rollout_rows(h, step, seen, h.job.init_model))
         metrics = {**stats, "window": float(window.max_tokens), "eps_high": window.eps_high,
                    "gradient_clipping": window.gradient_clipping, "curriculum_phase": float(curriculum.phase_index(step)),
@@ -228,6 +276,11 @@ def train_rl(h: StageHarness, reward_fn: RewardFn | None = None) -> dict:
                        gate_length_near_window=float(reading.length_near_window))
         if reading.advanced:
             set_gradient_clipping(engine, schedule.window.gradient_clipping)
+        event = monitor.update(*_monitor_inputs(seen))
+        if monitor.history[-1][1] is not None:
+            metrics["length_bias_statistic"] = monitor.history[-1][1]
+        if event is not None:
+            events.append({**event.as_dict(), "rl_step": step})
         h.record(step, metrics)
         last = metrics
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
@@ -236,5 +289,6 @@ def train_rl(h: StageHarness, reward_fn: RewardFn | None = None) -> dict:
         h.maybe_checkpoint(engine, step, {"length_schedule": schedule.state_dict()})
     _store_rollouts(h, pending)
     return h.finish(engine, tokenizer, {"final_loss": last.get("loss"), "final_reward_mean": last.get("reward_mean"),
-                                        "final_window": schedule.window.max_tokens, "prompts": len(pool)},
+                                        "final_window": schedule.window.max_tokens, "prompts": len(pool),
+                                        "length_bias_events": events},
                     curves=("loss", "reward_mean", "response_length_p99", "generation_perplexity", "window"))

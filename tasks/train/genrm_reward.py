@@ -1,0 +1,185 @@
+"""RL rewards by domain: rule verifiers for math/logic/code, the GenRM for open domains.
+
+MiniMax-M1 rewards prompts that rules cannot check (``general``, ``instruction``) with a
+generative reward model: the response is compared pairwise with the prompt's reference
+answer (Answer 1 = reference, Answer 2 = response; -1/0/1 = worse/similar/better), judged
+in both orders and with blind samples (``tasks.genrm.judge.GenRMJudge``), and rule
+constraints from the row's ``metadata.constraints`` decide a pair outright when exactly
+one answer breaks them. The verdict maps to a reward (default -1 -> 0, 0 -> 0.5, 1 -> 1);
+an unreadable verdict counts as a tie.
+
+All GenRM samples of a sampling round go to the judge in one ``compare`` call. Every
+scored sample also carries its *correctness* for the length-bias monitor: the verifier's
+for rule-scored samples, ``verdict >= 0`` for GenRM samples.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tasks.genrm.judge import Constraints, GenRMJudge, PairRequest, constraints_from_metadata
+from tasks.rollout.base import Completion, RolloutBackend
+from tasks.train.config import GenRMRewardConfig
+from tasks.verify.registry import verify
+
+log = logging.getLogger("posttrain.train.rl")
+
+RewardFn = Callable[[dict, str, list[int]], float]
+
+
+def verifier_reward(row: dict, text: str, token_ids: list[int]) -> float:
+    """The rule-based reward: the domain's verifier on the source row (0 if unscorable)."""
+    return float(verify(row["domain"], row["source_row"], text))
+
+
+def verifier_correct(row: dict, text: str) -> float:
+    """1.0 when the domain's verifier accepts the response (0.0 for unscorable rows)."""
+    return 1.0 if verify(row["domain"], row["source_row"], text) >= 0.5 else 0.0
+
+
+def clip_reward(value: float) -> float:
+    return min(1.0, max(0.0, float(value)))
+
+
+@dataclass(frozen=True)
+class ScoredSample:
+    reward: float                 # in [0, 1]
+    correct: float                # what the length-bias monitor holds fixed
+    scorer: str                   # "verifier" | "genrm" | "custom"
+    verdict: int | None = None    # GenRM only: the judge's verdict (None = unreadable or no reference)
+    status: str = ""              # GenRM only: the decision's status ("consistent", "rule", "unparseable", ...)
+
+
+@dataclass
+class RewardCounters:
+    """Per-step GenRM bookkeeping, summed over the step's sampling rounds."""
+    genrm_scored: int = 0
+    genrm_unparseable: int = 0
+    genrm_position_disagreement: int = 0
+    genrm_rule_decided: int = 0
+    genrm_no_reference: int = 0
+    judge_calls: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        n = self.genrm_scored
+        return {"genrm_scored": float(n),
+                "genrm_unparseable_fraction": self.genrm_unparseable / n if n else 0.0,
+                "genrm_position_disagreement_fraction": self.genrm_position_disagreement / n if n else 0.0,
+                "genrm_rule_decided_fraction": self.genrm_rule_decided / n if n else 0.0,
+                "genrm_no_reference": float(self.genrm_no_reference),
+                "genrm_judge_calls": float(self.judge_calls)}
+
+
+def stored_reference(row: dict, fields: list[str]) -> str | None:
+    """The row's own answer text: the first non-empty of ``fields`` in the source row, then the row."""
+    for source in (row.get("source_row") or {}, row):
+        for name in fields:
+            value = source.get(name)
+            if isinstance(value, str) and value.strip():
+                return value
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return str(value)
+    return None
+
+
+def row_constraints(row: dict) -> Constraints | None:
+    """The prompt's rule constraints; a malformed block is logged and ignored, never fatal."""
+    source = row.get("source_row") or {}
+    try:
+        return constraints_from_metadata(source.get("metadata"))
+    except ValueError as e:
+        log.warning("rl_prompts row %s: ignoring rule constraints: %s", row.get("prompt_id"), e)
+        return None
+
+
+@dataclass
+class _Pending:
+    group: int
+    sample: int
+    request: PairRequest
+
+
+@dataclass
+class DomainReward:
+    """Scores one sampling round: verifiers (or a custom function) and one batched GenRM call.
+
+    ``judge_backend`` is a zero-argument factory, called the first time a GenRM sample
+    needs judging, so a pool without open-domain prompts never loads a judge model.
+    ``custom`` replaces the verifier reward (tests, ablations); correctness then still
+    comes from the verifiers, so the monitor holds the same thing fixed.
+    """
+    cfg: GenRMRewardConfig
+    references: dict[str, str] = field(default_factory=dict)
+    judge_backend: Callable[[], RolloutBackend] | None = None
+    seed: int = 0
+    custom: RewardFn | None = None
+    _backend: RolloutBackend | None = field(default=None, init=False, repr=False)
+
+    def uses_genrm(self, row: dict) -> bool:
+        return self.cfg.enabled and self.custom is None and row["domain"] in self.cfg.domains
+
+    def score(self, rows: list[dict], groups: list[list[Completion]], counters: RewardCounters,
+              step: int = 0, round_: int = 0) -> list[list[ScoredSample]]:
+        out: list[list[ScoredSample | None]] = [[None] * len(g) for g in groups]
+        pending: list[_Pending] = []
+        for gi, (row, completions) in enumerate(zip(rows, groups)):
+            for si, c in enumerate(completions):
+                if self.uses_genrm(row):
+                    request = self._request(row, c.text)
+                    if request is None:
+                        counters.genrm_no_reference += 1
+                        out[gi][si] = self._genrm_sample(None, "no_reference")
+                    else:
+                        pending.append(_Pending(gi, si, request))
+                else:
+                    out[gi][si] = self._rule_sample(row, c)
+        if pending:
+            for p, decision in zip(pending, self._judge(step, round_).compare([p.request for p in pending]),
+                                   strict=True):
+                out[p.group][p.sample] = self._genrm_sample(decision.verdict, decision.status)
+            counters.judge_calls += 1
+        for samples in out:
+            for s in samples:
+                if s is not None and s.scorer == "genrm":
+                    counters.genrm_scored += 1
+                    counters.genrm_unparseable += s.status == "unparseable"
+                    counters.genrm_position_disagreement += s.status == "position_disagreement"
+                    counters.genrm_rule_decided += s.status == "rule"
+        return out  # type: ignore[return-value]
+
+    def _rule_sample(self, row: dict, c: Completion) -> ScoredSample:
+        correct = verifier_correct(row, c.text)
+        if self.custom is not None:
+            return ScoredSample(clip_reward(self.custom(row, c.text, list(c.token_ids))), correct, "custom")
+        return ScoredSample(clip_reward(verifier_reward(row, c.text, list(c.token_ids))), correct, "verifier")
+
+    def _genrm_sample(self, verdict: int | None, status: str) -> ScoredSample:
+        # an unreadable verdict (or a prompt without any reference) counts as a tie
+        effective = 0 if verdict is None else verdict
+        return ScoredSample(self.cfg.verdict_rewards[effective], 1.0 if effective >= 0 else 0.0, "genrm",
+                            verdict, status)
+
+    def _request(self, row: dict, response: str) -> PairRequest | None:
+        reference = self.references.get(row["prompt_id"]) or stored_reference(row, self.cfg.reference_fields)
+        if reference is None:
+            return None
+        return PairRequest(row["prompt"], reference, response, row_constraints(row))
+
+    def _judge(self, step: int, round_: int) -> GenRMJudge:
+        if self._backend is None:
+            if self.judge_backend is None:
+                raise ValueError("rl.genrm: open-domain prompts need a judge backend, none was given")
+            self._backend = self.judge_backend()
+        # a fresh judge per round: its seeds depend on (seed, step, round) only, so a
+        # resumed run judges a step exactly as the first attempt did
+        return GenRMJudge(self._backend, self.cfg.judge, seed=self.seed * 1_000_003 + step * 7919 + round_)
+
+
+def references_by_prompt(references, prompt_ids: set[str]) -> dict[str, str]:
+    """prompt_id -> reference text from ``current_references`` output, for the pool's prompts."""
+    if references.is_empty() or not {"prompt_id", "reference"} <= set(references.columns):
+        return {}
+    return {r["prompt_id"]: r["reference"] for r in references.iter_rows(named=True)
+            if r["prompt_id"] in prompt_ids and isinstance(r["reference"], str) and r["reference"].strip()}
+

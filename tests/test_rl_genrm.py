@@ -1,0 +1,242 @@
+"""GenRM rewards and the length-bias monitor inside the CISPO RL loop.
+
+(a) rewards dispatch by domain: verifiers for math/logic, the pairwise GenRM against the
+    prompt's reference for instruction/general rows, one batched judge call per round,
+    position switching and rule constraints flowing through to the reward;
+(b) the monitor fires inside the loop on a reward that pays length at fixed correctness,
+    and the event reaches the stage summary and MLflow;
+(c) the train flow's event handler runs the real recalibration flow for such an event.
+"""
+import json
+import re
+
+import polars as pl
+import pytest
+from mlflow.tracking import MlflowClient
+from test_train_engine import seeded_sft_job
+
+from tasks import tracking
+from tasks.genrm.config import LengthBiasConfig
+from tasks.genrm.length_bias import EVENT_TAG
+from tasks.genrm.references import current_references
+from tasks.rollout.base import Completion
+from tasks.train.config import GenRMRewardConfig, TrainConfig
+from tasks.train.genrm_reward import (
+    DomainReward,
+    RewardCounters,
+    references_by_prompt,
+    verifier_correct,
+)
+from tasks.train.rl import train_rl
+from tasks.train.runner import StageHarness, StageJob
+
+_ANSWERS = re.compile(r"\[Answer 1\]\n(.*?)\n\n\[Answer 2\]\n(.*?)\n\nDecide", re.DOTALL)
+
+
+class ScriptedJudgeBackend:
+    """Test fake of a judge RolloutBackend: reads both answers out of the pairwise prompt and
+    prefers the one containing ``good``; ``position_biased`` always says Answer 2 wins, and an
+    answer containing ``garble`` gets an unreadable reply. Records every generate call."""
+
+    name = "scripted"
+    model_name = "scripted-judge"
+
+    def __init__(self, position_biased: bool = False):
+        self.position_biased = position_biased
+        self.calls: list[list[str]] = []
+
+    def format_chat(self, messages):
+        return messages[-1]["content"]
+
+    def verdict(self, prompt: str) -> str:
+        first, second = _ANSWERS.search(prompt).groups()
+        if "garble" in first + second:
+            return "I cannot decide."
+        if self.position_biased:
+            return "Answer 2 reads better. [[1]]"
+        return f"[[{('good' in second) - ('good' in first)}]]"
+
+    def generate(self, prompts, params):
+        self.calls.append(list(prompts))
+        return [[Completion(self.verdict(p)) for _ in range(params.n)] for p in prompts]
+
+
+def pool_row(prompt_id, domain, prompt, source_row):
+    return {"prompt_id": prompt_id, "domain": domain, "prompt": prompt, "answer": source_row.get("answer"),
+            "source_row": source_row}
+
+
+ROWS = [
+    pool_row("m1", "math", "What is 2 + 3?", {"id": "m1", "answer": "5"}),
+    pool_row("i1", "instruction", "Describe tea.", {"id": "i1", "solution": "Tea is an infusion of leaves."}),
+    pool_row("g1", "general", "Name a fruit and mention apple.",
+             {"id": "g1", "solution": "an apple", "metadata": json.dumps({"constraints": {"required_words": ["apple"]}})}),
+    pool_row("g2", "general", "Say something.", {"id": "g2"}),          # no reference anywhere
+]
+
+
+def groups_for(texts_by_row):
+    return [[Completion(t, token_ids=list(range(len(t.split())))) for t in texts] for texts in texts_by_row]
+
+
+def test_rewards_dispatch_by_domain_with_one_batched_position_switched_judge_call():
+    backend = ScriptedJudgeBackend()
+    cfg = GenRMRewardConfig(judge={"consistency": {"position_switch": True, "blind_samples": 2}},
+                            verdict_rewards={-1: 0.0, 0: 0.4, 1: 1.0})
+    reward = DomainReward(cfg, references={"i1": "a good reference"}, judge_backend=lambda: backend)
+    groups = groups_for([["\\boxed{5}", "\\boxed{6}"],
+                         ["a good and thorough answer", "meh", "garble"],
+                         ["a good apple", "a good pear"],
+                         ["anything"]])
+    counters = RewardCounters()
+    scored = reward.score(ROWS, groups, counters, step=3, round_=0)
+
+    assert [(s.reward, s.correct, s.scorer) for s in scored[0]] == [(1.0, 1.0, "verifier"), (0.0, 0.0, "verifier")]
+    # i1 is judged against the references-table text, not its stored solution: both contain
+    # "good", so a consistent tie; "meh" loses in both orders; "garble" cannot be read -> a tie
+    assert [(s.verdict, s.status, s.reward, s.correct) for s in scored[1]] == [
+        (0, "consistent", 0.4, 1.0), (-1, "consistent", 0.0, 0.0), (None, "unparseable", 0.4, 1.0)]
+    # g1 (stored solution "an apple"): "a good apple" wins in both orders; "a good pear" breaks
+    # the required word and loses by rule, without asking the model
+    assert [(s.verdict, s.status, s.reward) for s in scored[2]] == [(1, "consistent", 1.0), (-1, "rule", 0.0)]
+    assert [(s.status, s.reward) for s in scored[3]] == [("no_reference", 0.4)]
+    # one generate call for the round: 4 model-judged pairs x 2 orders, each with 2 blind samples
+    assert len(backend.calls) == 1 and len(backend.calls[0]) == 8
+    assert all("[Answer 1]\na good reference" in p or "[Answer 2]\na good reference" in p
+               for p in backend.calls[0] if "Describe tea." in p)
+    m = counters.metrics()
+    assert m["genrm_scored"] == 6 and m["genrm_unparseable_fraction"] == pytest.approx(1 / 6)
+    assert m["genrm_rule_decided_fraction"] == pytest.approx(1 / 6) and m["genrm_judge_calls"] == 1
+    assert m["genrm_no_reference"] == 1
+
+
+def test_position_bias_of_the_judge_becomes_a_tie():
+    backend = ScriptedJudgeBackend(position_biased=True)
+    reward = DomainReward(GenRMRewardConfig(judge={"consistency": {"blind_samples": 1}}),
+                          judge_backend=lambda: backend)
+    counters = RewardCounters()
+    scored = reward.score(ROWS[1:2], groups_for([["a good answer", "meh"]]), counters)
+    # "Answer 2 wins" in both orders contradicts itself once the swap is undone
+    assert [(s.verdict, s.status, s.reward) for s in scored[0]] == [(0, "position_disagreement", 0.5)] * 2
+    assert counters.metrics()["genrm_position_disagreement_fraction"] == 1.0
+
+    # with the switch off, the same biased judge's forward verdict would stand
+    one_order = DomainReward(GenRMRewardConfig(judge={"consistency": {"blind_samples": 1, "position_switch": False}}),
+                             judge_backend=lambda: backend)
+    assert [s.reward for s in one_order.score(ROWS[1:2], groups_for([["meh"]]), RewardCounters())[0]] == [1.0]
+
+
+def test_references_table_rows_map_to_the_pool(wh):
+    base = {"source_table": "prompts", "prompt": "p", "n_candidates": 2, "rounds_played": 1, "run_id": "r",
+            "decided_by": "points", "judge_model": "m", "candidate_source": "policy", "candidate_id": "policy:0"}
+    wh.write("references", pl.DataFrame([{**base, "prompt_id": "i1", "reference": "old"},
+                                         {**base, "prompt_id": "x", "reference": "not in pool"}]), mode="append")
+    wh.write("references", pl.DataFrame([{**base, "prompt_id": "i1", "reference": "newest"}]), mode="append")
+    assert references_by_prompt(current_references(wh), {"i1", "m1"}) == {"i1": "newest"}
+    with pytest.raises(ValueError, match="verdict_rewards"):
+        GenRMRewardConfig(verdict_rewards={-1: 0.0, 1: 1.0})
+
+
+# -- inside the loop -------------------------------------------------------------------------
+
+WINDOW = 6
+
+
+def length_paying_reward(row, text, token_ids):
+    """At fixed correctness, pays for length: the biased GenRM the monitor must catch."""
+    return 0.5 * verifier_correct(row, text) + 0.5 * len(token_ids) / WINDOW
+
+
+def rl_config(steps: int) -> TrainConfig:
+    return TrainConfig(
+        seed=0,
+        base_model={"kind": "hybrid", "name": "test-base", "tokenizer_texts": 200},
+        optimizer={"lr": 1e-3},
+        engine={"zero_stage": 2, "precision": "fp32", "micro_batch_size": 2},
+        rl={"steps": steps, "checkpoint_every": 100, "prompts_per_step": 3, "group_size": 4, "updates_per_batch": 1,
+            "windows": [{"max_tokens": WINDOW, "eps_high": 0.2, "gradient_clipping": 1.0}],
+            "curriculum": [{"start_step": 0, "domains": {"logic": 1.0, "instruction": 1.0}}],
+            # a low repetition threshold truncates some samples early: lengths vary
+            "repetition_window": 2, "repetition_prob": 0.02, "max_sampling_rounds": 1,
+            "genrm": {"judge": {"consistency": {"blind_samples": 1}}},
+            "length_bias": {"threshold": 0.3, "window_steps": 3, "min_group_size": 8, "cooldown_steps": 10}})
+
+
+def add_instruction_prompts(wh, rl_ref: str) -> str:
+    """The synthetic (logic) pool plus two instruction prompts with stored answers."""
+    name, snapshot = rl_ref.split("@")
+    df = wh.read(name, snapshot)
+    extra = [{"prompt_id": f"ins{i}", "source_table": "prompts", "domain": "instruction", "prompt": p,
+              "answer": None, "level": None, "selected_by": "prompts",
+              "row_json": json.dumps({"id": f"ins{i}", "prompt": p, "solution": s})}
+             for i, (p, s) in enumerate([("Describe tea.", "good tea"), ("Describe rain.", "good rain")])]
+    ref = wh.write(name, pl.concat([df, pl.DataFrame(extra).select(df.columns).cast(df.schema)]))
+    return str(ref)
+
+
+def test_monitor_in_the_loop_fires_on_a_length_paying_reward_and_reports_it(wh):
+    cfg = rl_config(steps=4)
+    sft_job = seeded_sft_job(wh, cfg)
+    refs = {r["name"]: f"{r['name']}@{r['snapshot']}" for r in wh.tables().iter_rows(named=True)}
+    with tracking.tracked_run("rl-genrm") as run_id:
+        job = StageJob(stage="rl", home=str(wh.home), run_name="bias", profile="test",
+                       init_model=sft_job.init_model, data_ref=refs["rl_prompts"], config=cfg.model_dump(),
+                       fingerprint="bias", mlflow_run_id=run_id)
+        result = train_rl(StageHarness(job), reward_fn=length_paying_reward)
+
+    events = result["length_bias_events"]
+    assert events, StageHarness(job).steps.records()
+    first = events[0]
+    assert first["statistic"] > 0.3 and first["method"] == "within_group_spearman"
+    assert first["rl_step"] + 1 == first["step"] and len(first["rewards"]) == len(first["lengths"]) == first["n"]
+    curve = StageHarness(job).steps.records()
+    assert any(r.get("length_bias_statistic", 0) > 0.3 for r in curve)
+    assert all(r["genrm_scored"] == 0 for r in curve)    # a custom reward replaces the GenRM
+    run = MlflowClient().get_run(run_id)
+    assert run.data.metrics["length_bias.event"] == 1.0
+    assert run.data.tags[EVENT_TAG].startswith(f"step={first['step']}")
+    assert "rl.length_bias_statistic" in run.data.metrics
+
+
+def test_loop_rewards_instruction_prompts_with_the_judge_one_call_per_round(wh):
+    cfg = rl_config(steps=2)
+    sft_job = seeded_sft_job(wh, cfg)
+    rl_ref = add_instruction_prompts(wh, f"rl_prompts@{wh.latest('rl_prompts').snapshot}")
+    job = StageJob(stage="rl", home=str(wh.home), run_name="genrm", profile="test", init_model=sft_job.init_model,
+                   data_ref=rl_ref, config=cfg.model_dump(), fingerprint="genrm")
+    backend = ScriptedJudgeBackend()
+    train_rl(StageHarness(job), judge_backend=lambda: backend)
+
+    curve = StageHarness(job).steps.records()
+    scored = sum(r["genrm_scored"] for r in curve)
+    assert scored > 0 and sum(r["genrm_judge_calls"] for r in curve) == len(backend.calls) <= len(curve)
+    # both references contain "good": a response without it loses in both orders (0.0), one
+    # with it ties (0.5) — the scripted verdicts came through the loop into the rollouts
+    judged = wh.read("rollouts").filter(pl.col("domain") == "instruction")
+    assert judged.height == scored
+    for text, reward in judged.select("text", "reward").iter_rows():
+        assert reward == (0.5 if "good" in text or "garble" in text else 0.0), text
+    logic = wh.read("rollouts").filter(pl.col("domain") == "logic")
+    assert logic.height > 0 and set(logic["reward"]) <= {0.0, 1.0}   # verifier rewards
+
+
+# -- the flow's handler ----------------------------------------------------------------------
+
+def test_flow_handler_runs_the_recalibration_flow_for_each_event(home, wh):
+    from flows.train import handle_length_bias_events
+
+    # reward grows with log-length inside both correctness groups (plus a little fixed jitter)
+    correct = [float(i % 2) for i in range(40)]
+    biased = [{"step": 5, "rl_step": 4, "statistic": 1.0, "method": "within_group_spearman", "threshold": 0.3,
+               "n": 40, "groups": {}, "correct": correct, "lengths": [round(10 * 1.1 ** i) for i in range(40)],
+               "rewards": [0.1 + 0.3 * c + 0.01 * i + (i * 37 % 11) / 200 for i, c in enumerate(correct)]}]
+    assert handle_length_bias_events(biased, LengthBiasConfig(trigger_recalibration=False), "tiny", str(home)) == []
+    assert not wh.exists("judge_calibrations")
+
+    done = handle_length_bias_events(biased, LengthBiasConfig(), "tiny", str(home))
+    assert len(done) == 1 and done[0]["rl_step"] == 4 and done[0]["slope"] > 0
+    calibrations = wh.read("judge_calibrations")
+    assert calibrations["trigger_step"].to_list() == [5]
+    assert abs(calibrations["statistic_after"][0]) < 0.3
+    run = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}").get_run(done[0]["mlflow_run_id"])
+    assert run.data.tags[EVENT_TAG] == "recalibrated"
