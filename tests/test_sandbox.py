@@ -16,13 +16,15 @@ PROMPT = "def add(a, b):\n    \"\"\"Add two numbers.\"\"\"\n"
 TESTS = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"
 
 
-def sandbox_processes() -> list[int]:
-    """Live processes owned by any sandbox uid (there must be none after a run)."""
+def sandbox_processes(uid: int | None = None) -> list[int]:
+    """Live processes owned by ``uid`` (default: any sandbox uid); none may outlive a run."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if entry.stat().st_uid >= SANDBOX_UID_BASE and "State:\tZ" not in (entry / "status").read_text():
+                owner = entry.stat().st_uid
+                owned = owner == uid if uid is not None else owner >= SANDBOX_UID_BASE
+                if owned and "State:\tZ" not in (entry / "status").read_text():
                     pids.append(int(entry.name))
             except (FileNotFoundError, ProcessLookupError):
                 continue
@@ -56,7 +58,7 @@ def test_fork_bombs_are_bounded_and_fully_reaped():
             "while True:\n    libc.fork()\n")
     result = run_python_sandboxed(bomb, LIMITS)
     assert not result.passed
-    assert sandbox_processes() == []
+    assert result.uid is not None and sandbox_processes(result.uid) == []
 
 
 def test_huge_allocation_fails_inside_the_memory_limit():

@@ -44,6 +44,7 @@ class SandboxResult:
     stderr: str
     duration_s: float
     isolation: list[str]
+    uid: int | None = None  # the private uid the run executed as (root only)
 
     @property
     def passed(self) -> bool:
@@ -92,6 +93,7 @@ def _run(scratch: Path, capture: Path, nonce: str, limits: SandboxLimits) -> San
         stderr=_tail(stderr_path),
         duration_s=duration,
         isolation=_read_report(report_path),
+        uid=uid if os.geteuid() == 0 else None,
     )
 
 
