@@ -218,6 +218,12 @@ def test_loop_rewards_instruction_prompts_with_the_judge_one_call_per_round(wh):
         assert reward == (0.5 if "good" in text or "garble" in text else 0.0), text
     logic = wh.read("rollouts").filter(pl.col("domain") == "logic")
     assert logic.height > 0 and set(logic["reward"]) <= {0.0, 1.0}   # verifier rewards
+    # every raw judge output is stored, naming the rollout it judged
+    judgments = wh.read("judgments").filter(pl.col("context") == "rl")
+    assert judgments.height >= scored and set(judgments["order"]) == {"forward", "backward"}
+    judged_ids = set(judged["rollout_id"])
+    assert {j for j in judgments["second_id"].to_list() + judgments["first_id"].to_list()
+            if j != "reference"} == judged_ids
 
 
 # -- the flow's handler ----------------------------------------------------------------------

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tasks.genrm.judge import Constraints, GenRMJudge, PairRequest, constraints_from_metadata
+from tasks.genrm.references import judgment_rows
 from tasks.rollout.base import Completion, RolloutBackend
 from tasks.train.config import GenRMRewardConfig
 from tasks.verify.registry import verify
@@ -114,6 +115,11 @@ class DomainReward:
     judge_backend: Callable[[], RolloutBackend] | None = None
     seed: int = 0
     custom: RewardFn | None = None
+    # raw judge outputs of the RL stage, drained into the `judgments` table (context "rl");
+    # each names the rollout it judged as "<rollout_prefix>:<step>:<round>:<prompt_id>:<index>"
+    run_id: str | None = None
+    rollout_prefix: str = "rl"
+    judgments: list[dict] = field(default_factory=list)
     _backend: RolloutBackend | None = field(default=None, init=False, repr=False)
 
     def uses_genrm(self, row: dict) -> bool:
@@ -138,6 +144,12 @@ class DomainReward:
             for p, decision in zip(pending, self._judge(step, round_).compare([p.request for p in pending]),
                                    strict=True):
                 out[p.group][p.sample] = self._genrm_sample(decision.verdict, decision.status)
+                prompt_id = rows[p.group]["prompt_id"]
+                self.judgments += judgment_rows(
+                    decision.samples, run_id=self.run_id, context="rl", kind="pairwise", prompt_id=prompt_id,
+                    match_id=None, first_id="reference",
+                    second_id=f"{self.rollout_prefix}:{step}:{round_}:{prompt_id}:{p.sample}",
+                    judge_model=getattr(self._backend, "name", "judge"))
             counters.judge_calls += 1
         for samples in out:
             for s in samples:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import polars as pl
 import torch
 
+from data_specs import get_spec
 from model.losses import (
     group_advantages,
     informative_groups,
@@ -202,9 +203,16 @@ def _rollout_rows(h: StageHarness, step: int, seen: list, model_name: str) -> li
     return out
 
 
-def _store_rollouts(h: StageHarness, rows: list[dict]) -> None:
-    if rows and h.is_rank0:
-        Warehouse(h.job.home).append("rollouts", pl.DataFrame(rows), parents=[h.job.data_ref])
+def _store_rollouts(h: StageHarness, rows: list[dict], reward: DomainReward) -> None:
+    """Append the pending rollouts and the judge outputs that scored them (then forget both)."""
+    if h.is_rank0:
+        wh = Warehouse(h.job.home)
+        if rows:
+            wh.append("rollouts", pl.DataFrame(rows), parents=[h.job.data_ref])
+        if reward.judgments:
+            wh.append("judgments", get_spec("judgments").conform(pl.DataFrame(reward.judgments)),
+                      parents=[h.job.data_ref])
+    reward.judgments.clear()
 
 
 def load_pool(h: StageHarness) -> list[dict]:
@@ -236,7 +244,8 @@ def make_rewarder(h: StageHarness, pool: list[dict], reward_fn: RewardFn | None,
         references = references_by_prompt(current_references(Warehouse(h.job.home)),
                                           {r["prompt_id"] for r in pool})
     return DomainReward(cfg, references, judge_backend or judge_backend_factory(cfg.judge.rollout, h.job.home),
-                        seed=h.cfg.seed, custom=reward_fn)
+                        seed=h.cfg.seed, custom=reward_fn, run_id=h.job.mlflow_run_id,
+                        rollout_prefix=f"rl:{h.job.run_name}")
 
 
 def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: JudgeFactory | None = None) -> dict:
@@ -284,10 +293,10 @@ def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: 
         h.record(step, metrics)
         last = metrics
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
-            _store_rollouts(h, pending)
+            _store_rollouts(h, pending, rewarder)
             pending = []
         h.maybe_checkpoint(engine, step, {"length_schedule": schedule.state_dict()})
-    _store_rollouts(h, pending)
+    _store_rollouts(h, pending, rewarder)
     return h.finish(engine, tokenizer, {"final_loss": last.get("loss"), "final_reward_mean": last.get("reward_mean"),
                                         "final_window": schedule.window.max_tokens, "prompts": len(pool),
                                         "length_bias_events": events},
