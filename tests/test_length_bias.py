@@ -90,3 +90,21 @@ def test_fitted_length_correction_removes_the_bias():
     assert abs(within_group_spearman(correction.apply(r, n), n, c)[0]) < 0.15
     with pytest.raises(ValueError, match="equally long"):
         within_group_spearman([1.0, 0.0], [1.0], [1.0, 0.0])
+
+
+def test_monitor_state_round_trip_resumes_the_same_statistic_and_cooldown():
+    """A resumed RL stage restores the monitor from its checkpoint: same values, same events."""
+    cfg = LengthBiasConfig(threshold=0.3, window_steps=5, min_group_size=16, cooldown_steps=6)
+    batches = [rl_step(np.random.default_rng(100 + i), biased=True) for i in range(20)]
+    whole = LengthBiasMonitor(cfg, logger=logging.getLogger("test.whole"))
+    whole_events = [whole.update(*b) for b in batches]
+
+    first = LengthBiasMonitor(cfg, logger=logging.getLogger("test.first"))
+    early = [first.update(*b) for b in batches[:9]]
+    resumed = LengthBiasMonitor(cfg, logger=logging.getLogger("test.resumed"))
+    resumed.load_state_dict(first.state_dict())
+    late = [resumed.update(*b) for b in batches[9:]]
+
+    assert [e.step if e else None for e in early + late] == [e.step if e else None for e in whole_events]
+    assert [v for _, v in resumed.history] == pytest.approx([v for _, v in whole.history[9:]])
+    assert any(e is not None for e in late)

@@ -126,6 +126,18 @@ class LengthBiasMonitor:
         self._window: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque(maxlen=self.cfg.window_steps)
         self._last_event_step: int | None = None
 
+    def state_dict(self) -> dict:
+        """What a checkpoint needs to resume the statistic exactly: step, window, cooldown."""
+        return {"step": self.step, "last_event_step": self._last_event_step,
+                "window": [[a.tolist() for a in part] for part in self._window]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self._last_event_step = state.get("last_event_step")
+        self._window.clear()
+        for rewards, lengths, correct in state.get("window", []):
+            self._window.append(_arrays(rewards, lengths, correct))
+
     def _log(self):
         if self.logger is not None:
             return self.logger

@@ -263,7 +263,10 @@ def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: 
         set_gradient_clipping(engine, schedule.window.gradient_clipping)
     # events reach the flow through the stage summary (tasks cannot start flows): no callback
     monitor = LengthBiasMonitor(cfg.length_bias, run_id=h.job.mlflow_run_id if h.is_rank0 else None)
-    monitor.step = start  # its step numbers follow the RL steps (1-based) after a resume too
+    if state.get("length_bias"):
+        monitor.load_state_dict(state["length_bias"])  # the statistic's window survives a resume
+    else:
+        monitor.step = start  # its step numbers follow the RL steps (1-based)
     events: list[dict] = []
     # the sampler shares the engine's module: after every optimizer step it samples from
     # the updated weights, with no copy to keep in sync (ZeRO <= 2 keeps full weights per rank)
@@ -295,7 +298,8 @@ def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: 
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
             _store_rollouts(h, pending, rewarder)
             pending = []
-        h.maybe_checkpoint(engine, step, {"length_schedule": schedule.state_dict()})
+        h.maybe_checkpoint(engine, step, {"length_schedule": schedule.state_dict(),
+                                          "length_bias": monitor.state_dict()})
     _store_rollouts(h, pending, rewarder)
     return h.finish(engine, tokenizer, {"final_loss": last.get("loss"), "final_reward_mean": last.get("reward_mean"),
                                         "final_window": schedule.window.max_tokens, "prompts": len(pool),
