@@ -349,12 +349,14 @@ def ui(home: Optional[str] = HomeOpt, prefect_port: int = typer.Option(4200, "--
        mlflow_port: int = typer.Option(5000, "--mlflow-port"),
        duration: float = typer.Option(0, "--duration", help="stop after N seconds (0: until Ctrl-C)")):
     """Start the Prefect server and the MLflow UI on 127.0.0.1 and print both URLs."""
-    from flows.services import running, start_mlflow_ui, start_prefect_server
-    services = (start_prefect_server(prefect_port, home), start_mlflow_ui(mlflow_port, home))
-    with console.status("starting Prefect and MLflow..."):
-        ctx = running(*services)
-        ctx.__enter__()
+    from flows.services import start_mlflow_ui, start_prefect_server
+    services: list = []  # whatever started is stopped, even if a later start fails
     try:
+        with console.status("starting Prefect and MLflow..."):
+            services.append(start_prefect_server(prefect_port, home))
+            services.append(start_mlflow_ui(mlflow_port, home))
+            for service in services:
+                service.wait_healthy()
         console.print(f"Prefect UI: {services[0].url}")
         console.print(f"MLflow UI:  {services[1].url}")
         console.print("press Ctrl-C to stop" if not duration else f"stopping in {duration:.0f}s")
@@ -364,7 +366,8 @@ def ui(home: Optional[str] = HomeOpt, prefect_port: int = typer.Option(4200, "--
     except KeyboardInterrupt:
         pass
     finally:
-        ctx.__exit__(None, None, None)
+        for service in services:
+            service.stop()
 
 
 @profile_app.command("show")

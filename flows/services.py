@@ -11,10 +11,8 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 
@@ -106,14 +104,3 @@ def start_mlflow_ui(port: int = 5000, home: str | None = None, tracking_uri: str
     proc, log = start_process("mlflow-ui", cmd, env, home_path / "logs")
     url = f"http://127.0.0.1:{port}"
     return Service("mlflow", url, f"{url}/health", proc, log)
-
-
-@contextmanager
-def running(*services: Service) -> Iterator[tuple[Service, ...]]:
-    try:
-        for s in services:
-            s.wait_healthy()
-        yield services
-    finally:
-        for s in services:
-            s.stop()
