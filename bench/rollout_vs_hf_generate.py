@@ -81,7 +81,10 @@ def main() -> None:
     prompts = [backend.format_chat([{"role": "user", "content": q}]) for q in (QUESTIONS * 8)[: args.prompts]]
     params = SamplingParams(n=args.n, temperature=1.0, top_p=0.95, max_tokens=args.max_tokens, seed=0,
                             repetition_window=None)
-    backend.generate(prompts[:2], SamplingParams(n=1, max_tokens=4))  # warm-up
+    # Warm up both sides so neither pays first-call costs (allocator, kernel selection) in its timing.
+    warm_up = SamplingParams(n=1, max_tokens=4)
+    backend.generate(prompts[:2], warm_up)
+    hf_generate(backend, prompts[:2], warm_up, batched=True)
 
     print(f"model={path.name} prompts={args.prompts} n={args.n} max_tokens={args.max_tokens} "
           f"threads={args.threads} cpu_count={os.cpu_count()}", flush=True)

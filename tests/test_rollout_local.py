@@ -152,3 +152,28 @@ def test_inhouse_hybrid_model_samples_through_the_same_backend(tmp_path, tiny_pa
         for completion in per_prompt:
             expected = teacher_forced_logprobs(backend, prompt, completion.token_ids, 0.8)
             assert completion.logprobs == pytest.approx(expected, abs=2e-4)
+
+
+SHARED_PREFIX = ["def f(x):\n    return x", "def f(x):\n    return", "def f(x):\n    return x * 3 + 1\n\ndef g(y):",
+                 "def f(x):\n    return x"]
+
+
+def test_shared_prefix_prefill_keeps_logprobs_and_greedy_tokens_exact(backend):
+    """Prompts sharing a token prefix (and a duplicate) run the prefix once and copy its
+    cache: every sequence must still see exactly its own unpadded distribution."""
+    from tasks.rollout.local import _shared_prefix_length
+    ids = backend._encode_prompts(SHARED_PREFIX)
+    assert _shared_prefix_length(list(map(list, {tuple(i): 0 for i in ids}))) >= 4
+    sampled = backend.generate(SHARED_PREFIX, SamplingParams(n=2, max_tokens=12, seed=3, temperature=0.7))
+    assert backend._prefix_cache_ok  # the shared-prefix path ran (no fallback)
+    for prompt, per_prompt in zip(SHARED_PREFIX, sampled):
+        for completion in per_prompt:
+            expected = teacher_forced_logprobs(backend, prompt, completion.token_ids, 0.7)
+            assert completion.logprobs == pytest.approx(expected, abs=2e-4)
+    greedy = backend.generate(SHARED_PREFIX, SamplingParams(n=2, max_tokens=10, temperature=0))
+    for prompt, per_prompt in zip(SHARED_PREFIX, greedy):
+        ids = backend.tokenizer(prompt, return_tensors="pt")
+        reference = backend.model.generate(**ids, max_new_tokens=10, do_sample=False, pad_token_id=backend.pad_id)
+        expected = reference[0, ids["input_ids"].shape[1]:].tolist()
+        for completion in per_prompt:
+            assert completion.token_ids == expected[: len(completion.token_ids)]
