@@ -7,10 +7,9 @@ once and cache safetensors under ``$POSTTRAIN_HOME/models/smollm2-135m`` (0.1 s 
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
-from filelock import FileLock
+from tasks.model_cache import build_once, models_root
 
 SMOL_NAME = "smollm2-135m"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -32,20 +31,15 @@ def smollm2_gguf_path() -> Path:
 
 def smollm2_path(home: str | Path | None = None) -> Path:
     """Directory of the dequantized SmolLM2 safetensors, converted on first use."""
-    root = Path(home or os.environ.get("POSTTRAIN_HOME", ".posttrain")) / "models"
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / SMOL_NAME
-    with FileLock(str(root / f"{SMOL_NAME}.lock")):
-        if (target / "config.json").exists() and (target / "tokenizer.json").exists():
-            return target
+
+    def convert(out: Path) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         gguf = smollm2_gguf_path()
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model.hf_quantizer = None  # the weights are plain fp32 now; save them as such
-        tmp = root / f".{SMOL_NAME}.tmp"
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        tmp.rename(target)  # atomic: a crash never leaves a half-written model dir
-        return target
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+
+    return build_once(models_root(home), SMOL_NAME, convert)

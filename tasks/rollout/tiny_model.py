@@ -6,10 +6,9 @@ The tokenizer is the in-house one (model.tokenizer). The model lets the whole ro
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from filelock import FileLock
+from tasks.model_cache import build_once, models_root
 
 TINY_LLAMA_NAME = "tiny-llama"
 
@@ -28,15 +27,18 @@ def _corpus(size: int = 400) -> list[str]:
 
 
 def build_tiny_llama(out_dir: str | Path, seed: int = 0, vocab_size: int = 512) -> Path:
-    """Write a tiny Llama + tokenizer to ``out_dir`` (idempotent) and return the path."""
+    """A tiny Llama + tokenizer at ``out_dir``, built there once (atomically) and reused."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return build_once(out_dir.parent, out_dir.name, lambda tmp: _write_tiny_llama(tmp, seed, vocab_size))
+
+
+def _write_tiny_llama(out_dir: Path, seed: int, vocab_size: int) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from model.tokenizer import train_tokenizer
 
-    out_dir = Path(out_dir)
-    if (out_dir / "config.json").exists() and (out_dir / "tokenizer.json").exists():
-        return out_dir
     fast = train_tokenizer(_corpus(), vocab_size, out_dir)
 
     torch.manual_seed(seed)
@@ -54,12 +56,8 @@ def build_tiny_llama(out_dir: str | Path, seed: int = 0, vocab_size: int = 512) 
         tie_word_embeddings=True,
     )
     LlamaForCausalLM(config).save_pretrained(out_dir)
-    return out_dir
 
 
 def tiny_llama_path(home: str | Path | None = None) -> Path:
     """The cached tiny Llama under ``$POSTTRAIN_HOME/models``, built on first use."""
-    root = Path(home or os.environ.get("POSTTRAIN_HOME", ".posttrain")) / "models"
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f"{TINY_LLAMA_NAME}.lock")):
-        return build_tiny_llama(root / TINY_LLAMA_NAME)
+    return build_tiny_llama(models_root(home) / TINY_LLAMA_NAME)

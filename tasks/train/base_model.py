@@ -7,11 +7,9 @@ Hugging Face directory, used as is.
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
-from filelock import FileLock
-
+from tasks.model_cache import build_once
 from tasks.train.config import BaseModelConfig
 from warehouse import Warehouse
 
@@ -41,10 +39,8 @@ def prepare_base_model(wh: Warehouse, cfg: BaseModelConfig, model_section: dict,
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"base_model.pretrained_path {path} has no config.json")
         return path
-    out = wh.models_dir / cfg.name
-    with FileLock(str(wh.models_dir / f"{cfg.name}.lock")):
-        if (out / "config.json").exists() and (out / "tokenizer.json").exists():
-            return out
+
+    def build(out: Path) -> None:
         from model import ModelSection, build_tiny_model, train_tokenizer
 
         section = ModelSection(**model_section)
@@ -52,10 +48,7 @@ def prepare_base_model(wh: Warehouse, cfg: BaseModelConfig, model_section: dict,
         if len(texts) < 10:
             raise ValueError(f"only {len(texts)} warehouse texts to train the tokenizer on: "
                              "ingest or synthesize data before training")
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)   # left by a build that was killed
-        shutil.rmtree(out, ignore_errors=True)
-        tokenizer = train_tokenizer(texts, section.tokenizer_vocab_size, tmp)
-        build_tiny_model(tokenizer, section, seed=seed).save_pretrained(tmp)
-        tmp.rename(out)
-    return out
+        tokenizer = train_tokenizer(texts, section.tokenizer_vocab_size, out)
+        build_tiny_model(tokenizer, section, seed=seed).save_pretrained(out)
+
+    return build_once(wh.models_dir, cfg.name, build)

@@ -1,0 +1,38 @@
+"""Models built once and cached under ``$POSTTRAIN_HOME/models/<name>/``.
+
+Building (converting a GGUF, training a tokenizer, initializing weights) happens in a
+temporary directory that is renamed into place when complete, under a file lock: a build
+killed half way never leaves a directory that looks usable, and concurrent callers wait
+for the first one instead of building twice.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from filelock import FileLock
+
+from warehouse import posttrain_home
+
+COMPLETE_MARKERS = ("config.json", "tokenizer.json")
+
+
+def models_root(home: str | Path | None = None) -> Path:
+    root = posttrain_home(home) / "models"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def build_once(root: Path, name: str, build: Callable[[Path], None]) -> Path:
+    """``root/name``, built by ``build(tmp_dir)`` if it is not there complete yet."""
+    target = root / name
+    with FileLock(str(root / f"{name}.lock")):
+        if all((target / m).exists() for m in COMPLETE_MARKERS):
+            return target
+        tmp = root / f".{name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)      # left by a build that was killed
+        shutil.rmtree(target, ignore_errors=True)   # incomplete
+        build(tmp)
+        tmp.rename(target)
+    return target
