@@ -76,8 +76,21 @@ DEFAULT_INSTRUCTIONS = {
 }
 
 
-class DifficultyConfig(BaseModel):
+class VerifySettings(BaseModel):
+    """How sampled answers are prompted for and verified; shared by difficulty and evaluate."""
     model_config = ConfigDict(extra="forbid")
+    instructions: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_INSTRUCTIONS))
+    use_chat_template: bool = True
+    verify_workers: int = Field(2, ge=1, description="parallel code sandboxes")
+    sandbox_timeout_s: float = Field(10.0, gt=0)
+    sandbox_memory_mb: int = Field(512, ge=64)
+
+    def sandbox_limits(self) -> SandboxLimits:
+        seconds = max(1, int(self.sandbox_timeout_s))
+        return SandboxLimits(timeout_s=self.sandbox_timeout_s, cpu_s=seconds, memory_mb=self.sandbox_memory_mb)
+
+
+class DifficultyConfig(VerifySettings):
     # The model whose pass rates band the prompts (M1: a strong reasoning model); an alias
     # ("smol", "tiny-llama") or a path. None: the rollout section's model.
     model: str | None = None
@@ -87,13 +100,8 @@ class DifficultyConfig(BaseModel):
         "logic": Band(k=1, low=0.0, high=0.9),
         "code": Band(k=1, low=0.0, high=0.9),
     })
-    instructions: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_INSTRUCTIONS))
-    use_chat_template: bool = True
     max_rows_per_table: int | None = Field(None, ge=1)
     prompts_per_chunk: int = Field(64, ge=1, description="prompts sent to the backend at once")
-    verify_workers: int = Field(2, ge=1, description="parallel code sandboxes")
-    sandbox_timeout_s: float = Field(10.0, gt=0)
-    sandbox_memory_mb: int = Field(512, ge=64)
 
     @model_validator(mode="after")
     def _enough_samples(self) -> DifficultyConfig:
@@ -103,10 +111,6 @@ class DifficultyConfig(BaseModel):
             if domain not in VERIFIERS:
                 raise ValueError(f"band for domain {domain!r}, which has no verifier; known: {sorted(VERIFIERS)}")
         return self
-
-    def sandbox_limits(self) -> SandboxLimits:
-        seconds = max(1, int(self.sandbox_timeout_s))
-        return SandboxLimits(timeout_s=self.sandbox_timeout_s, cpu_s=seconds, memory_mb=self.sandbox_memory_mb)
 
 
 @dataclass

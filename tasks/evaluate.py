@@ -22,12 +22,11 @@ from pathlib import Path
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tasks.difficulty import DEFAULT_INSTRUCTIONS, render_prompt, score_samples
+from tasks.difficulty import VerifySettings, render_prompt, score_samples
 from tasks.rollout.base import RolloutBackend, SamplingParams
 from tasks.rollout.factory import resolve_model
 from tasks.synth.registry import get_task, own_task_names
 from tasks.verify.passk import pass_at_k
-from tasks.verify.sandbox import SandboxLimits
 from warehouse import Warehouse
 
 SYNTHETIC_BENCHMARK = "synthetic_heldout"
@@ -47,10 +46,9 @@ class SyntheticHeldout(BaseModel):
     max_draws_per_instance: int = Field(4, ge=1, description="draws allowed per wanted instance")
 
 
-class EvaluateConfig(BaseModel):
+class EvaluateConfig(VerifySettings):
     """The ``evaluate`` profile section. Defaults follow M1's evaluation protocol."""
 
-    model_config = ConfigDict(extra="forbid")
     benchmarks: list[str] = Field(default_factory=lambda: ["aime2024", "aime2025", "math500", "humaneval"])
     max_items: int | None = Field(None, ge=1, description="items per benchmark; None = all")
     max_items_per_benchmark: dict[str, int] = Field(default_factory=dict)
@@ -61,12 +59,7 @@ class EvaluateConfig(BaseModel):
     max_tokens: int = Field(40_000, ge=1)
     seed: int = 0
     synthetic: SyntheticHeldout | None = Field(default_factory=SyntheticHeldout)
-    instructions: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_INSTRUCTIONS))
-    use_chat_template: bool = True
     prompts_per_chunk: int = Field(32, ge=1, description="prompts sent to the backend at once")
-    verify_workers: int = Field(2, ge=1, description="parallel code sandboxes")
-    sandbox_timeout_s: float = Field(10.0, gt=0)
-    sandbox_memory_mb: int = Field(512, ge=64)
 
     @model_validator(mode="after")
     def _k_fits_n(self) -> EvaluateConfig:
@@ -85,10 +78,6 @@ class EvaluateConfig(BaseModel):
         # response the model did not finish.
         return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p,
                               max_tokens=self.max_tokens, seed=self.seed, repetition_window=None)
-
-    def sandbox_limits(self) -> SandboxLimits:
-        return SandboxLimits(timeout_s=self.sandbox_timeout_s, cpu_s=max(1, int(self.sandbox_timeout_s)),
-                             memory_mb=self.sandbox_memory_mb)
 
 
 # -- which model ---------------------------------------------------------------------------------
