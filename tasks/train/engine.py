@@ -107,14 +107,18 @@ def _gradient_norm_from_grads(engine) -> float:
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
 
 
-def backward_and_step(engine, loss) -> float | None:
+def backward_and_step(engine, loss, prescaled: bool = False) -> float | None:
     """Backward, then step; the global gradient norm (before clipping) at an accumulation
     boundary, else None.
+
+    DeepSpeed divides each micro-batch loss by the accumulation count (a mean of equal
+    micro-batches); ``prescaled`` says the loss already is this micro-batch's exact share
+    of the step's loss (the micro losses sum to it), so it is not divided again.
 
     ZeRO optimizers record the norm during ``step``; at ZeRO-0 with a torch optimizer
     DeepSpeed does not, so it is computed from the gradients before ``step`` clips them.
     """
-    engine.backward(loss)
+    engine.backward(loss, scale_wrt_gas=not prescaled)
     boundary = engine.is_gradient_accumulation_boundary()
     manual = _gradient_norm_from_grads(engine) if boundary and engine.zero_optimization_stage() == 0 else None
     engine.step()

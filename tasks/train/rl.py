@@ -151,38 +151,96 @@ def _training_tensors(batch: RolloutBatch, tokenizer, prompt_cache: dict[str, li
 
 
 def _minibatches(num_groups: int, group_size: int, updates: int) -> list[list[int]]:
-    """Row indices of each update: whole groups, so CISPO's per-group normalization holds."""
+    """Row indices of each update: whole groups, so CISPO's per-group normalization holds.
+
+    Exactly ``min(updates, num_groups)`` minibatches whose sizes differ by at most one group
+    (dynamic sampling may keep fewer groups than asked for; a ceil-sized split lost updates).
+    """
     updates = max(1, min(updates, num_groups))
-    per = math.ceil(num_groups / updates)
-    out = []
-    for start in range(0, num_groups, per):
-        groups = range(start, min(num_groups, start + per))
-        out.append([g * group_size + i for g in groups for i in range(group_size)])
+    base, extra = divmod(num_groups, updates)
+    out, start = [], 0
+    for u in range(updates):
+        stop = start + base + (u < extra)
+        out.append([g * group_size + i for g in range(start, stop) for i in range(group_size)])
+        start = stop
     return out
 
 
-def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, eps_high: float) -> dict:
-    """Behaviour log-probs, then ``updates_per_batch`` optimizer steps; averaged statistics."""
-    cfg = h.stage_cfg
-    module = engine.module
+def _micro_batches(rows: list[int], accumulation: int) -> list[list[int]]:
+    """A minibatch in ``accumulation`` equal slices: DeepSpeed steps after exactly that many backwards."""
+    if len(rows) % accumulation:
+        raise ValueError(
+            f"an RL update of {len(rows)} responses does not split into gradient_accumulation_steps="
+            f"{accumulation} micro-batches: each update must be exactly one optimizer step, so choose "
+            f"group_size (or prompts_per_step / updates_per_batch) to make every update's responses a "
+            f"multiple of the accumulation count")
+    size = len(rows) // accumulation
+    return [rows[i:i + size] for i in range(0, len(rows), size)]
+
+
+def _behaviour_logprobs(module, tensors: dict, micro_batches: list[list[int]]) -> torch.Tensor:
+    """Log-probs of the sampling policy, in the training pass's micro-batches (its memory, its shapes)."""
+    old = torch.zeros_like(tensors["mask"])
     with torch.no_grad():
-        old_logp, _, _ = token_logprobs(module, tensors["input_ids"], tensors["attention_mask"], tensors["labels"])
+        for rows in micro_batches:
+            idx = torch.tensor(rows)
+            old[idx] = token_logprobs(module, tensors["input_ids"][idx], tensors["attention_mask"][idx],
+                                      tensors["labels"][idx])[0]
+    return old
+
+
+def _minibatch_step(engine, cfg, tensors: dict, micro_batches: list[list[int]], old_logp: torch.Tensor,
+                    advantages: torch.Tensor, eps_high: float) -> dict:
+    """One optimizer step on a minibatch, its gradient accumulated over ``micro_batches``.
+
+    A micro-batch's loss is the minibatch's loss with the other rows' log-probs held at their
+    behaviour values (constants): the normalizers (each group's token count, the number of
+    groups, responses or tokens) stay the minibatch's even where a slice cuts a group, so the
+    micro gradients sum to the minibatch's gradient. Statistics are the minibatch's.
+    """
+    idx = torch.tensor([r for rows in micro_batches for r in rows])
+    mask, old, adv = tensors["mask"][idx], old_logp[idx], advantages[idx]
+
+    def loss_of(logp: torch.Tensor):
+        return policy_loss(cfg.loss, logp, old, adv, mask, cfg.eps_low, eps_high,
+                           group_size=cfg.group_size, cispo_variant=cfg.cispo_variant)
+
+    logp_seen, entropy_seen, norm, offset = old.clone(), torch.zeros_like(old), None, 0
+    for k, rows in enumerate(micro_batches):
+        at, micro = torch.arange(offset, offset + len(rows)), torch.tensor(rows)
+        offset += len(rows)
+        logp, entropy, aux = token_logprobs(engine.module, tensors["input_ids"][micro],
+                                            tensors["attention_mask"][micro], tensors["labels"][micro])
+        loss, _ = loss_of(old.index_put((at,), logp))
+        if k == len(micro_batches) - 1 and not engine.is_gradient_accumulation_boundary():
+            raise RuntimeError(f"DeepSpeed's accumulation boundary is not at the end of this update "
+                               f"(micro step {engine.micro_steps}, accumulation "
+                               f"{engine.gradient_accumulation_steps()}): updates would mix minibatches")
+        # the balance loss is per forward: its mean over the micro-batches
+        norm = backward_and_step(engine, loss + aux / len(micro_batches), prescaled=True)
+        logp_seen[at], entropy_seen[at] = logp.detach(), entropy.detach()
+    loss, stats = loss_of(logp_seen)
+    stats.update(loss=loss.item(), entropy=masked_mean(entropy_seen, mask).item(),
+                 grad_norm=norm if norm is not None else 0.0)
+    return stats
+
+
+def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, eps_high: float) -> dict:
+    """Behaviour log-probs, then ``updates_per_batch`` optimizer steps (each accumulated over
+    the engine's ``gradient_accumulation_steps`` micro-batches); averaged statistics."""
+    cfg = h.stage_cfg
+    accumulation = engine.gradient_accumulation_steps()
+    # split first: a minibatch the accumulation count does not divide fails before any step
+    plan = [_micro_batches(rows, accumulation)
+            for rows in _minibatches(advantages.numel() // cfg.group_size, cfg.group_size, cfg.updates_per_batch)]
+    old_logp = _behaviour_logprobs(engine.module, tensors, [rows for micro in plan for rows in micro])
     # M1 traced RL failures to a training/inference log-prob gap (LM head precision): keep it visible
     sums: dict[str, float] = {
         "train_infer_logprob_gap": masked_mean((old_logp - tensors["sampler_logp"]).abs(), tensors["mask"]).item()}
-    batches = _minibatches(advantages.numel() // cfg.group_size, cfg.group_size, cfg.updates_per_batch)
-    for rows in batches:
-        idx = torch.tensor(rows)
-        logp, entropy, aux = token_logprobs(module, tensors["input_ids"][idx], tensors["attention_mask"][idx],
-                                            tensors["labels"][idx])
-        mask = tensors["mask"][idx]
-        loss, stats = policy_loss(cfg.loss, logp, old_logp[idx], advantages[idx], mask, cfg.eps_low, eps_high,
-                                  group_size=cfg.group_size, cispo_variant=cfg.cispo_variant)
-        norm = backward_and_step(engine, loss + aux)
-        stats.update(loss=loss.item(), entropy=masked_mean(entropy.detach(), mask).item(),
-                     grad_norm=norm or 0.0)
+    for micro_batches in plan:
+        stats = _minibatch_step(engine, cfg, tensors, micro_batches, old_logp, advantages, eps_high)
         for k, v in stats.items():
-            sums[k] = sums.get(k, 0.0) + v / len(batches)
+            sums[k] = sums.get(k, 0.0) + v / len(plan)
     return sums
 
 
