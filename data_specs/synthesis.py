@@ -8,7 +8,7 @@ from data_specs.base import Column, TableSpec, register
 CALIBRATION_STATUSES = ("band", "base_zero", "too_easy", "too_hard")
 
 SYNTHETIC_TASKS = register(TableSpec(
-    "synthetic_tasks", version=1, key=("id",),
+    "synthetic_tasks", version=2, key=("id",),
     description="SynLogic-style generated instances with gold answers, levels and seeds.",
     columns=[
         Column("id", pl.Utf8, required=True, description="content hash of (task, prompt, answer)"),
@@ -23,6 +23,10 @@ SYNTHETIC_TASKS = register(TableSpec(
         Column("domain", pl.Utf8, required=True, allowed=("logic",)),
         Column("level_source", pl.Utf8, required=True, allowed=("calibrated", "configured"),
                description="whether the level came from task_calibration or the profile"),
+        Column("cluster_id", pl.Utf8, required=True,
+               description="instances with the same task and normalized question share a cluster"),
+        Column("split", pl.Utf8, required=True, allowed=("sft", "rl"),
+               description="the training side this instance may feed; a cluster is on one side only"),
     ],
 ))
 

@@ -7,6 +7,7 @@ from flows.common import flow_context, flow_logger, report_progress
 from tasks.difficulty import DifficultyConfig, run_difficulty
 from tasks.rollout.config import RolloutConfig
 from tasks.rollout.factory import make_backend
+from tasks.train.registry import POLICY_MODEL, rl_start_model
 
 
 @flow(name="difficulty", log_prints=True)
@@ -16,7 +17,7 @@ def difficulty_flow(
     tables: list[str] | None = None,
     model: str | None = None,
 ) -> dict:
-    """Band every prompt of ``tables`` (default: rl_pool and synthetic_tasks) by pass@k."""
+    """Band every RL-side prompt of ``tables`` (default: rl_pool and synthetic_tasks) by pass rate."""
     log = flow_logger()
     report_progress("difficulty", "start")
     tables = tables or ["rl_pool", "synthetic_tasks"]
@@ -25,6 +26,8 @@ def difficulty_flow(
         cfg = ctx.profile.section("difficulty", DifficultyConfig)
         rollout = ctx.profile.section("rollout", RolloutConfig)
         chosen_model = model or cfg.model or rollout.model
+        if chosen_model == POLICY_MODEL:   # band by what the RL policy can do now
+            chosen_model = rl_start_model(ctx.wh)
         backend = make_backend(rollout.model_copy(update={"model": chosen_model}))
         log.info("difficulty: sampling %s with %s (n=%d, max_tokens=%d)", tables, chosen_model,
                  cfg.sampling.n, cfg.sampling.max_tokens)

@@ -1,8 +1,10 @@
-"""Difficulty filter: sample n completions per prompt, verify them, keep a pass@k band.
+"""Difficulty filter: sample n completions per prompt, verify them, keep a pass-rate band.
 
-M1 kept math problems with 0 < pass@10 < 0.9 under a strong reasoning model, bounded
-synthetic logic tasks by pass rate, and filtered code by sampled pass rate: problems the
-model always solves teach nothing, problems it never solves give no reward signal.
+M1 kept math problems whose pass rate over 10 samples of a strong reasoning model lies
+strictly between 0 and 0.9, bounded synthetic logic tasks by pass rate, and filtered code
+by sampled pass rate: problems the model always solves teach nothing, problems it never
+solves give no reward signal. Only RL-side rows are sampled (synthetic instances assigned
+to SFT never reach RL). The unbiased pass@k is stored beside the rate for reporting.
 
 Writes ``rollouts`` (every sample with its reward), ``difficulty`` (per prompt: n,
 correct, pass@k, decision) and ``decisions`` (one row per removed prompt: too_easy or
@@ -30,7 +32,8 @@ STAGE = "difficulty"
 
 
 class Band(BaseModel):
-    """Keep a prompt when low < pass@k < high (strict, as in M1)."""
+    """Keep a prompt when low < pass rate < high (strict, as in M1: 0 < rate < 0.9 over the
+    samples). ``k`` only names the unbiased pass@k stored beside the rate for reporting."""
 
     model_config = ConfigDict(extra="forbid")
     k: int = Field(10, ge=1)
@@ -92,7 +95,8 @@ class VerifySettings(BaseModel):
 
 class DifficultyConfig(VerifySettings):
     # The model whose pass rates band the prompts (M1: a strong reasoning model); an alias
-    # ("smol", "tiny-llama") or a path. None: the rollout section's model.
+    # ("smol", "tiny-llama"), a path, or "policy": the model the RL stage starts from (the
+    # newest pre-RL row of `models`). None: the rollout section's model.
     model: str | None = None
     sampling: DifficultySampling = Field(default_factory=DifficultySampling)
     bands: dict[str, Band] = Field(default_factory=lambda: {
@@ -192,11 +196,11 @@ def pass_rate_histogram(difficulty: pl.DataFrame):
     fig, ax = plt.subplots(figsize=(6, 4))
     scored = difficulty.filter(pl.col("decision") != "unscored")
     for domain in sorted(scored.get_column("domain").unique().to_list()):
-        values = scored.filter(pl.col("domain") == domain).get_column("pass_at_k").to_list()
+        values = scored.filter(pl.col("domain") == domain).get_column("pass_at_1").to_list()
         ax.hist(values, bins=20, range=(0, 1), alpha=0.6, label=domain)
-    ax.set_xlabel("pass@k")
+    ax.set_xlabel("pass rate")
     ax.set_ylabel("prompts")
-    ax.set_title("difficulty: pass@k per prompt")
+    ax.set_title("difficulty: pass rate per prompt")
     ax.legend()
     fig.tight_layout()
     return fig
@@ -204,10 +208,16 @@ def pass_rate_histogram(difficulty: pl.DataFrame):
 
 # -- the stage --------------------------------------------------------------------------------
 
+def rl_side(df: pl.DataFrame) -> pl.DataFrame:
+    """Only rows that can feed RL: synthetic instances assigned to the SFT side never do."""
+    return df.filter(pl.col("split") == "rl") if "split" in df.columns else df
+
+
 def _process_table(wh, table, cfg, backend, params, limits, pool, run_id):
-    df = wh.read(table)
-    if cfg.max_rows_per_table is not None:
-        df = df.head(cfg.max_rows_per_table)
+    df = rl_side(wh.read(table))
+    if cfg.max_rows_per_table is not None and df.height > cfg.max_rows_per_table:
+        # a seeded sample, not the head: tables are ordered by task or source
+        df = df.sample(n=cfg.max_rows_per_table, seed=cfg.sampling.seed).sort(df.columns[0])
     rows = df.to_dicts()
     scored = [r for r in rows if row_domain(r) in cfg.bands]
     rollouts, difficulty, decisions = [], [], []
@@ -224,7 +234,7 @@ def _process_table(wh, table, cfg, backend, params, limits, pool, run_id):
             pid, domain, band = row_id(r), row_domain(r), cfg.bands[row_domain(r)]
             samples = score_samples(domain, r, completions, limits, pool)
             n, correct, value, pass1 = pass_rates(samples, band.k)
-            decision = band.decide(value)
+            decision = band.decide(pass1)   # the rate, not pass@k: pass@k of 3/16 at k=10 is 0.96
             rollouts.extend(rollout_rows(pid, table, domain, samples, params, backend, run_id))
             difficulty.append({
                 "prompt_id": pid, "source_table": table, "domain": domain, "n": n, "correct": correct,
@@ -234,7 +244,7 @@ def _process_table(wh, table, cfg, backend, params, limits, pool, run_id):
             })
             if decision != "keep":
                 decisions.append({"row_id": pid, "stage": STAGE, "decision": "removed", "reason": decision,
-                                  "reference_id": f"{table}:pass@{band.k}", "score": value, "run_id": run_id})
+                                  "reference_id": f"{table}:pass_rate", "score": pass1, "run_id": run_id})
         log.info("difficulty %s: %d/%d prompts sampled and verified", table, start + len(chunk), len(scored))
     return rollouts, difficulty, decisions
 

@@ -20,7 +20,9 @@ from prefect import task
 from tasks import tracking
 from tasks.synth.base import SynthTask, stable_int
 from tasks.synth.calibration import STATUS_TOO_HARD, Solver, calibrate_task
-from tasks.synth.config import SynthesizeConfig
+from tasks.curate.normalize import normalize_texts, text_hash
+from tasks.curate.split import hash_fraction
+from tasks.synth.config import SynthesizeConfig, SyntheticSplitConfig
 from tasks.synth.registry import get_task, own_task_names
 from warehouse import TableRef, Warehouse
 
@@ -76,11 +78,23 @@ def levels_for(cfg: SynthesizeConfig, synth_task: SynthTask,
 
 # --- generation ------------------------------------------------------------------------------
 
+def synthetic_cluster_id(task_name: str, question: str) -> str:
+    """Same task and same normalized question: the same puzzle, whatever its seed."""
+    return f"{task_name}:{text_hash(normalize_texts([question])[0])}"
+
+
+def synthetic_side(cluster_id: str, split: SyntheticSplitConfig) -> str:
+    """'rl' or 'sft' for a cluster: seeded, stable, and the same for every member."""
+    return "rl" if hash_fraction(cluster_id, split.seed) < split.rl_fraction else "sft"
+
+
 @task(name="synthesize-task-instances")
 def generate_task_instances(task_name: str, levels: list[int], per_task: int, seed: int,
-                            max_draws_per_instance: int, level_source: str) -> dict[str, Any]:
+                            max_draws_per_instance: int, level_source: str,
+                            split: SyntheticSplitConfig | None = None) -> dict[str, Any]:
     """Distinct instances of one task, plus one record per dropped duplicate draw."""
     synth_task = get_task(task_name)
+    split = split or SyntheticSplitConfig()
     rows: list[dict[str, Any]] = []
     duplicates: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -96,22 +110,23 @@ def generate_task_instances(task_name: str, levels: list[int], per_task: int, se
                                "reference_id": inst.id})
             continue
         seen.add(inst.id)
+        cluster = synthetic_cluster_id(task_name, inst.question or inst.prompt)
         rows.append({
             "id": inst.id, "task": inst.task, "family": synth_task.family, "level": inst.level,
             "seed": inst.seed, "prompt": inst.prompt, "question": inst.question,
             "answer": inst.answer, "metadata": inst.metadata_json(), "domain": "logic",
-            "level_source": level_source,
+            "level_source": level_source, "cluster_id": cluster, "split": synthetic_side(cluster, split),
         })
     return {"task": task_name, "rows": rows, "duplicates": duplicates, "draws": draw}
 
 
 def _generate_all(plan: list[tuple[str, list[int], str]], per_task: int, seed: int,
-                  max_draws: int) -> list[dict[str, Any]]:
+                  max_draws: int, split: SyntheticSplitConfig) -> list[dict[str, Any]]:
     if _in_prefect_flow():   # one task run per synthetic task, on the flow's task runner
-        futures = [generate_task_instances.submit(name, levels, per_task, seed, max_draws, source)
+        futures = [generate_task_instances.submit(name, levels, per_task, seed, max_draws, source, split)
                    for name, levels, source in plan]
         return [f.result() for f in futures]
-    return [generate_task_instances.fn(name, levels, per_task, seed, max_draws, source)
+    return [generate_task_instances.fn(name, levels, per_task, seed, max_draws, source, split)
             for name, levels, source in plan]
 
 
@@ -156,7 +171,7 @@ def _write_synthesis(wh: Warehouse, results: list[dict[str, Any]], plan: list, c
     frame = pl.DataFrame(rows, schema={
         "id": pl.Utf8, "task": pl.Utf8, "family": pl.Utf8, "level": pl.Int64, "seed": pl.Int64,
         "prompt": pl.Utf8, "question": pl.Utf8, "answer": pl.Utf8, "metadata": pl.Utf8,
-        "domain": pl.Utf8, "level_source": pl.Utf8,
+        "domain": pl.Utf8, "level_source": pl.Utf8, "cluster_id": pl.Utf8, "split": pl.Utf8,
     })
     calibrated = any(source == "calibrated" for *_, source in plan)
     parents = (calibration_ref,) if calibration_ref is not None and calibrated else ()
@@ -195,7 +210,7 @@ def run_synthesis(wh: Warehouse, cfg: SynthesizeConfig, per_task: int | None = N
         plan.append((synth_task.name, levels, source))
 
     with tracking.stage_run("synthesize", {"per_task": per_task, "seed": seed, "tasks": json.dumps(names)}) as run_id:
-        results = _generate_all(plan, per_task, seed, cfg.max_draws_per_instance)
+        results = _generate_all(plan, per_task, seed, cfg.max_draws_per_instance, cfg.split)
         ref = _write_synthesis(wh, results, plan, calibration_ref, run_id)
         counts = {r["task"]: Counter(row["level"] for row in r["rows"]) for r in results}
         n_duplicates = {r["task"]: len(r["duplicates"]) for r in results}

@@ -49,7 +49,7 @@ def synthetic_tasks() -> pl.DataFrame:
         "id": instance.id, "task": instance.task, "family": getattr(task, "family", "logic"),
         "level": instance.level, "seed": instance.seed, "prompt": instance.prompt, "question": instance.question,
         "answer": instance.answer, "metadata": instance.metadata_json(), "domain": "logic",
-        "level_source": "configured"}])
+        "level_source": "configured", "cluster_id": instance.id, "split": "rl"}])
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +127,23 @@ def test_rerun_appends_and_row_limit_applies(wh, backend):
     refs = run_difficulty(wh, config(max_rows_per_table=2), backend)
     assert refs["difficulty"].rows == len(ROWS) + 2
     assert wh.read("rollouts").height == 6 * 4 + 6 * 2
+
+
+def test_band_is_on_the_pass_rate_not_on_pass_at_k(wh, backend):
+    """M1 keeps 0 < rate < 0.9: a prompt solved by a few of 16 samples is kept, though its
+    unbiased pass@10 is near 1 (3 of 16 correct gives pass@10 = 0.964)."""
+    assert pass_at_k(16, 3, 10) == pytest.approx(0.964, abs=1e-3)
+    wh.write("rl_pool", rl_pool().filter(pl.col("id") == "coin"))
+    sampling = DifficultySampling(n=16, max_tokens=6, temperature=1.0, seed=3, repetition_window=None)
+    run_difficulty(wh, config(sampling=sampling, bands={"code": Band(k=10, low=0.0, high=0.9)}), backend)
+    row = wh.read("difficulty").row(0, named=True)
+    assert 0 < row["correct"] < 0.9 * 16 and row["pass_at_k"] >= 0.9      # pass@10 alone would call it too easy
+    assert row["decision"] == "keep" and row["pass_at_1"] == row["correct"] / 16
+
+
+def test_only_rl_side_synthetic_instances_are_sampled(wh, backend):
+    both = pl.concat([synthetic_tasks().with_columns(pl.lit("sft").alias("split")),
+                      synthetic_tasks().with_columns(pl.lit("other").alias("id"), pl.lit("other").alias("cluster_id"))])
+    wh.write("synthetic_tasks", both)
+    run_difficulty(wh, config(), backend, tables=("synthetic_tasks",))
+    assert wh.read("difficulty")["prompt_id"].to_list() == ["other"]

@@ -37,6 +37,8 @@ def seeded_sft_job(wh, cfg: TrainConfig, stage_steps: int | None = None, run_nam
     for name in TASKS:
         rows += generate_task_instances.fn(name, [0], 12, 0, 3, "configured")["rows"]
     wh.write("synthetic_tasks", pl.DataFrame(rows))
+    # these tests exercise the training loops, not the selection: RL may train undecided prompts
+    cfg.data.rl_requires_difficulty = False
     base = prepare_base_model(wh, cfg.base_model, SMALL_MODEL)
     refs, _ = write_training_tables(wh, cfg, AutoTokenizer.from_pretrained(base))
     if stage_steps is not None:

@@ -26,6 +26,13 @@ class CalibrationConfig(BaseModel):
         return self
 
 
+class SyntheticSplitConfig(BaseModel):
+    """Which side (SFT or RL) each synthetic instance trains on; a cluster never straddles."""
+    model_config = ConfigDict(extra="forbid")
+    rl_fraction: float = Field(0.5, ge=0.0, le=1.0, description="share of clusters assigned to RL")
+    seed: int = 0
+
+
 class SynthesizeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # M1 used ~53K samples over 41 tasks: about 1,300 per task
@@ -42,6 +49,7 @@ class SynthesizeConfig(BaseModel):
     max_draws_per_instance: int = Field(3, ge=1)
     seed: int = 0
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
+    split: SyntheticSplitConfig = Field(default_factory=SyntheticSplitConfig)
 
     def task_names(self, own: list[str]) -> list[str]:
         names = list(self.tasks) if self.tasks is not None else list(own)

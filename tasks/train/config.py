@@ -185,6 +185,8 @@ class DataConfig(_Strict):
     synthetic_per_task: int | None = Field(None, ge=1, description="cap per synthetic task in SFT and RL")
     dpo_perturbed_negatives: bool = Field(True, description="wrong answers from task perturbations when no wrong rollout exists")
     verify_chosen: bool = Field(True, description="check chosen responses with the verifiers")
+    rl_requires_difficulty: bool = Field(
+        True, description="RL trains only on prompts a difficulty run kept; off: undecided prompts train too")
 
 
 class TrainConfig(_Strict):

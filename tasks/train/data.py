@@ -1,13 +1,15 @@
 """Data builders (warehouse tables -> ``sft_data``, ``dpo_pairs``, ``rl_prompts``) and the
 tokenized batches each stage trains on.
 
-Sources, in order of preference:
-- SFT: the curated ``sft_pool`` (else ``prompts`` rows with a solution or answer) and
-  synthesized tasks with their gold answers (``synthetic_tasks``).
-- DPO: chosen = a verified-correct rollout, a GenRM reference (``references``) or the gold
-  answer; rejected = a wrong rollout, else a verifier-rejected perturbation of the gold.
-- RL: prompts the difficulty stage kept (``difficulty.decision = 'keep'``), else ``rl_pool``,
-  else ``synthetic_tasks``.
+Training sees only what curation chose. Each side reads its curated pool and the synthetic
+instances assigned to it (``synthetic_tasks.split``), never raw ``prompts``:
+- SFT: ``sft_pool`` rows with a solution or answer, and SFT-side synthetic instances with
+  their gold answers.
+- DPO: SFT-side prompts only; chosen = a verified-correct rollout, a GenRM reference
+  (``references``) or the gold answer; rejected = a wrong rollout, else a verifier-rejected
+  perturbation of the gold.
+- RL: ``rl_pool`` rows and RL-side synthetic instances whose *latest* difficulty decision
+  is ``keep`` (``unscored`` for domains without a verifier band).
 Every built table is split short/long by token length, as MiniMax-01 trains them apart.
 """
 from __future__ import annotations
@@ -155,28 +157,40 @@ def _cap_per_task(df: pl.DataFrame, cap: int | None) -> pl.DataFrame:
     return df.sort("id").group_by("task", maintain_order=True).head(cap)
 
 
-def sft_source_rows(wh: Warehouse, cfg: TrainConfig) -> tuple[list[dict], list[TableRef]]:
-    """Rows with (source_table, source_id, domain, prompt, response) from every SFT source."""
-    rows: list[dict] = []
-    refs: list[TableRef] = []
-    pool, ref = _read(wh, "sft_pool")
-    source = "sft_pool"
-    if ref is None:
-        pool, ref = _read(wh, "prompts")
-        source = "prompts"
+SIDES = {"sft": "sft_pool", "rl": "rl_pool"}
+
+
+def side_rows(wh: Warehouse, side: str, cfg: TrainConfig, refs: list[TableRef]) -> dict[str, dict]:
+    """Every row one side may train on, by id: its curated pool, then the synthetic
+    instances assigned to it. Never raw ``prompts``: curation chose the text that trains."""
+    pool_name = SIDES[side]
+    out: dict[str, dict] = {}
+    pool, ref = _read(wh, pool_name)
     if ref is not None:
         refs.append(ref)
         for r in pool.iter_rows(named=True):
-            response = _gold_response(r)
-            if response:
-                rows.append({"source_table": source, "source_id": str(r.get("id")), "domain": r.get("domain") or "general",
-                             "prompt": r.get("prompt") or "", "response": response})
+            out[str(r["id"])] = {**r, "_table": pool_name}
     synth, sref = _read(wh, "synthetic_tasks")
-    if sref is not None:
+    if sref is not None and not synth.is_empty():
+        if "split" not in synth.columns:
+            raise ValueError(f"{sref} has no 'split' column (written before synthetic instances had a side): "
+                             "re-run `posttrain synthesize`")
         refs.append(sref)
-        for r in _cap_per_task(synth, cfg.data.synthetic_per_task).iter_rows(named=True):
-            rows.append({"source_table": "synthetic_tasks", "source_id": r["id"], "domain": r["domain"],
-                         "prompt": r["prompt"], "response": f"<answer>{r['answer']}</answer>"})
+        mine = _cap_per_task(synth.filter(pl.col("split") == side), cfg.data.synthetic_per_task)
+        for r in mine.iter_rows(named=True):
+            out.setdefault(r["id"], {**r, "_table": "synthetic_tasks"})
+    return out
+
+
+def sft_source_rows(wh: Warehouse, cfg: TrainConfig) -> tuple[list[dict], list[TableRef]]:
+    """Rows with (source_table, source_id, domain, prompt, response) from the SFT side."""
+    refs: list[TableRef] = []
+    rows = []
+    for pid, r in side_rows(wh, "sft", cfg, refs).items():
+        response = _gold_response(r)
+        if response:
+            rows.append({"source_table": r["_table"], "source_id": pid, "domain": r.get("domain") or "general",
+                         "prompt": r.get("prompt") or "", "response": response})
     return rows, refs
 
 
@@ -207,24 +221,6 @@ def build_sft_data(wh: Warehouse, cfg: TrainConfig, tokenizer) -> tuple[pl.DataF
 # --------------------------------------------------------------------------- DPO
 
 
-def _prompt_rows(wh: Warehouse, refs: list[TableRef]) -> dict[str, dict]:
-    """Every prompt that could carry a gold answer, by id (rl_pool/prompts, synthetic_tasks)."""
-    out: dict[str, dict] = {}
-    for name in ("prompts", "rl_pool", "sft_pool"):
-        df, ref = _read(wh, name)
-        if ref is None:
-            continue
-        refs.append(ref)
-        for r in df.iter_rows(named=True):
-            out.setdefault(str(r["id"]), {**r, "_table": name})
-    df, ref = _read(wh, "synthetic_tasks")
-    if ref is not None:
-        refs.append(ref)
-        for r in df.iter_rows(named=True):
-            out.setdefault(r["id"], {**r, "_table": "synthetic_tasks"})
-    return out
-
-
 def _chosen_candidates(wh: Warehouse, prompts: dict[str, dict], refs: list[TableRef]) -> dict[str, tuple[str, str]]:
     """prompt_id -> (response, source): a correct rollout first, then a GenRM reference, then gold."""
     chosen: dict[str, tuple[str, str]] = {}
@@ -232,12 +228,12 @@ def _chosen_candidates(wh: Warehouse, prompts: dict[str, dict], refs: list[Table
     if rref is not None:
         refs.append(rref)
         good = rollouts.filter((pl.col("reward") >= 1.0) & pl.col("text").is_not_null()).sort("rollout_id")
-        for r in good.iter_rows(named=True):
+        for r in good.filter(pl.col("prompt_id").is_in(list(prompts))).iter_rows(named=True):
             chosen.setdefault(r["prompt_id"], (r["text"], "rollout_correct"))
     references, fref = _read(wh, "references")
     if fref is not None:
         refs.append(fref)
-        for r in references.iter_rows(named=True):
+        for r in references.filter(pl.col("prompt_id").is_in(list(prompts))).iter_rows(named=True):
             chosen.setdefault(r["prompt_id"], (r["reference"], "reference"))
     for pid, row in prompts.items():
         gold = _gold_response(row)
@@ -291,7 +287,7 @@ def _perturbed_negative(row: dict, seed: int) -> str | None:
 
 def build_dpo_pairs(wh: Warehouse, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
     refs: list[TableRef] = []
-    prompts = _prompt_rows(wh, refs)
+    prompts = side_rows(wh, "sft", cfg, refs)   # DPO trains on the SFT side only
     chosen = _chosen_candidates(wh, prompts, refs)
     rejected = _rejected_candidates(wh)
     ranges = {s: (getattr(cfg, s).min_tokens, getattr(cfg, s).max_tokens) for s in ("dpo_short", "dpo_long")}
@@ -337,36 +333,41 @@ def _rl_row(row: dict, table: str, selected_by: str) -> dict:
             "selected_by": selected_by}
 
 
+def latest_difficulty_decisions(wh: Warehouse) -> tuple[dict[str, str], TableRef | None]:
+    """prompt_id -> the decision of the newest difficulty run that scored it.
+
+    ``difficulty`` is append-only: a prompt kept long ago and rejected since is rejected.
+    """
+    difficulty, ref = _read(wh, "difficulty")
+    if ref is None or difficulty.is_empty():
+        return {}, ref
+    latest = difficulty.with_row_index("_order").sort("_order").unique("prompt_id", keep="last")
+    return dict(zip(latest["prompt_id"].to_list(), latest["decision"].to_list())), ref
+
+
 def build_rl_prompts(wh: Warehouse, cfg: TrainConfig) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
+    """The RL side's rows whose latest difficulty decision keeps them (``unscored``: a domain
+    with no verifier band, rewarded by the GenRM)."""
     refs: list[TableRef] = []
-    difficulty, dref = _read(wh, "difficulty")
-    rows: list[dict] = []
-    if dref is not None and "decision" in difficulty.columns:
-        keep = difficulty.filter(pl.col("decision") == "keep")
-        if keep.height:
-            refs.append(dref)
-            prompts = _prompt_rows(wh, refs)
-            for r in keep.unique("prompt_id", keep="last", maintain_order=True).iter_rows(named=True):
-                source = prompts.get(r["prompt_id"])
-                if source is not None:
-                    rows.append(_rl_row(source, source["_table"], "difficulty_keep"))
-    if not rows:
-        for name in ("rl_pool", "synthetic_tasks"):
-            df, ref = _read(wh, name)
-            if ref is None or df.is_empty():
-                continue
-            refs.append(ref)
-            df = _cap_per_task(df, cfg.data.synthetic_per_task)
-            rows = [_rl_row(r, name, name) for r in df.iter_rows(named=True)]
-            break
-    report = BuildReport(seen=len(rows))
-    if cfg.rl.max_prompts is not None:
+    candidates = side_rows(wh, "rl", cfg, refs)
+    decisions, dref = latest_difficulty_decisions(wh)
+    if dref is not None:
+        refs.append(dref)
+    report, rows = BuildReport(seen=len(candidates)), []
+    for pid, row in candidates.items():
+        decision = decisions.get(pid)
+        if decision in ("keep", "unscored"):
+            rows.append(_rl_row(row, row["_table"], "difficulty_keep"))
+        elif decision is None and not cfg.data.rl_requires_difficulty:
+            rows.append(_rl_row(row, row["_table"], row["_table"]))
+        else:
+            report.drop(f"difficulty_{decision or 'missing'}")
+    if cfg.rl.max_prompts is not None and len(rows) > cfg.rl.max_prompts:
+        for _ in rows[cfg.rl.max_prompts:]:
+            report.drop("over_max_prompts")
         rows = rows[: cfg.rl.max_prompts]
     report.kept = len(rows)
-    frame = pl.DataFrame(rows) if rows else pl.DataFrame()
-    if not frame.is_empty():
-        frame = frame.unique("prompt_id", keep="first", maintain_order=True)
-    return frame, refs, report
+    return (pl.DataFrame(rows) if rows else pl.DataFrame()), refs, report
 
 
 def write_if_changed(wh: Warehouse, name: str, frame: pl.DataFrame, parents: list[TableRef]) -> TableRef:

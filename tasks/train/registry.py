@@ -51,3 +51,15 @@ def _prod(shape) -> int:
     for s in shape:
         out *= int(s)
     return out
+
+
+POLICY_MODEL = "policy"
+
+
+def rl_start_model(wh: Warehouse) -> str:
+    """The model the RL stage starts from: the newest ``models`` row of a stage before RL."""
+    models = wh.read("models", default_empty=True).filter(pl.col("stage") != "rl")
+    if models.is_empty():
+        raise LookupError(f"model {POLICY_MODEL!r}: no trained pre-RL stage in the `models` table of {wh.home}; "
+                          "run the SFT/DPO stages first or name a model")
+    return str(models["path"][-1])
