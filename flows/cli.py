@@ -188,6 +188,28 @@ def evaluate(
     console.print(f"MLflow run {res['mlflow_run_id']}")
 
 
+@app.command()
+def audit(profile: str = ProfileOpt, home: Optional[str] = HomeOpt):
+    """Prove from the warehouse that training saw only what curation and difficulty chose."""
+    from flows.audit import audit_flow
+    res = audit_flow(profile=profile, home=home, fail_on_violation=False)
+    _print_audit(res)
+    if not res["passed"]:
+        raise typer.Exit(1)
+
+
+def _print_audit(res: dict) -> None:
+    t = Table(title="training-data audit")
+    for c in ("check", "checked", "violations", "offending (first 20)"):
+        t.add_column(c, overflow="fold")
+    for c in res["checks"]:
+        mark = "[green]0[/green]" if not c["violations"] else f"[red]{c['violations']}[/red]"
+        t.add_row(c["name"], str(c["checked"]), mark, "\n".join(c["offending"]))
+    console.print(t)
+    verdict = "[green]passed[/green]" if res["passed"] else f"[red]FAILED: {res['violations']} violation(s)[/red]"
+    console.print(f"audit {verdict} over {', '.join(res['snapshots'].values())}")
+
+
 @app.command("serve-model")
 def serve_model_cmd(
     model: str = typer.Argument(..., help="model directory, .gguf file, or alias (smol, tiny-llama)"),
@@ -327,6 +349,22 @@ def run(profile: str = ProfileOpt, stage: list[str] = typer.Option([], "--stage"
     _print_summary(res, time.time() - t0, home)
 
 
+def _print_ladder(ladder: dict) -> None:
+    """Held-out pass@1 after each training stage: the table that shows whether training worked."""
+    stages = list(dict.fromkeys(s for v in ladder.values() for s in v))
+    t = Table(title="held-out pass@1 after each stage (T=1.0, top-p 0.95)")
+    t.add_column("benchmark")
+    for s in stages:
+        t.add_column(s, justify="right")
+    t.add_column("RL - SFT", justify="right")
+    sft = next((s for s in reversed(stages) if s.startswith("sft")), None)
+    for bench, by_stage in ladder.items():
+        delta = by_stage["rl"] - by_stage[sft] if sft and "rl" in by_stage and sft in by_stage else None
+        t.add_row(bench, *[f"{by_stage[s]:.2f}" if s in by_stage else "" for s in stages],
+                  "" if delta is None else f"{delta:+.2f}")
+    console.print(t)
+
+
 def _print_summary(res: dict, elapsed: float, home: Optional[str]) -> None:
     from warehouse import Warehouse
     wh = Warehouse(home)
@@ -338,6 +376,10 @@ def _print_summary(res: dict, elapsed: float, home: Optional[str]) -> None:
             console.print(f"  {stage:<12} {how} MLflow run {out['mlflow_run_id']}")
     if "evaluate" in res and res["evaluate"].get("pass_at_k"):
         _print_counts(res["evaluate"]["pass_at_k"], title=f"eval pass@k ({res['evaluate'].get('model')})")
+    if "evaluate" in res and res["evaluate"].get("ladder"):
+        _print_ladder(res["evaluate"]["ladder"])
+    if "audit" in res and isinstance(res["audit"], dict) and "checks" in res["audit"]:
+        _print_audit(res["audit"])
     console.print(f"pipeline MLflow run: {res.get('mlflow_run_id')}   wall time {elapsed:.0f}s")
     if res.get("report"):
         console.print(f"report: {res['report']}")

@@ -19,6 +19,7 @@ from prefect import flow
 
 from data_specs.profile import Profile
 from flows.common import flow_context, flow_logger, report_progress
+from flows.audit import audit_flow
 from flows.compare import write_run_report
 from flows.curate import curate_flow
 from flows.difficulty import difficulty_flow
@@ -38,6 +39,7 @@ class Stage:
     sections: tuple[str, ...] = ()         # profile sections that shape the stage
     after: tuple[str, ...] = ()            # stages whose results this one builds on
     extra_key: Callable[[], str] = field(default=lambda: "")
+    cached: bool = True                    # False: runs every time (checks, not work)
 
 
 def _package_versions(*names: str) -> str:
@@ -71,22 +73,28 @@ STAGES: dict[str, Stage] = {
         inputs=("task_calibration",), sections=("synthesize",),
         extra_key=lambda: _package_versions("reasoning-gym"),
     ),
-    "difficulty": Stage(
-        "difficulty", lambda profile, home: difficulty_flow(profile=profile, home=home),
-        inputs=("rl_pool", "synthetic_tasks"), sections=("difficulty", "rollout"),
-    ),
     "references": Stage(
         "references", lambda profile, home: references_flow(profile=profile, home=home),
         inputs=("sft_pool", "prompts"), sections=("references", "rollout"),
     ),
-    "sft_short": _train_stage("sft_short", ("sft_pool", "prompts", "synthetic_tasks"), ()),
-    "sft_long": _train_stage("sft_long", ("sft_pool", "prompts", "synthetic_tasks"), ("sft_short",)),
-    "dpo_short": _train_stage("dpo_short", ("difficulty", "references", "synthetic_tasks"), ("sft_long",)),
-    "dpo_long": _train_stage("dpo_long", ("difficulty", "references", "synthetic_tasks"), ("dpo_short",)),
-    "rl": _train_stage("rl", ("difficulty", "rl_pool", "synthetic_tasks"), ("dpo_long",)),
+    "sft_short": _train_stage("sft_short", ("sft_pool", "synthetic_tasks"), ()),
+    "sft_long": _train_stage("sft_long", ("sft_pool", "synthetic_tasks"), ("sft_short",)),
+    "dpo_short": _train_stage("dpo_short", ("sft_pool", "references", "synthetic_tasks"), ("sft_long",)),
+    "dpo_long": _train_stage("dpo_long", ("sft_pool", "references", "synthetic_tasks"), ("dpo_short",)),
+    # after DPO: with `difficulty.model: policy` it bands prompts by the model RL starts from
+    "difficulty": Stage(
+        "difficulty", lambda profile, home: difficulty_flow(profile=profile, home=home),
+        inputs=("rl_pool", "synthetic_tasks"), sections=("difficulty", "rollout"), after=("dpo_long",),
+    ),
+    "rl": _train_stage("rl", ("difficulty", "rl_pool", "synthetic_tasks"), ("dpo_long", "difficulty")),
     "evaluate": Stage(
         "evaluate", lambda profile, home: evaluate_flow(profile=profile, home=home),
         inputs=("benchmarks", "synthetic_tasks"), sections=("evaluate", "rollout"), after=("rl",),
+    ),
+    # last, never cached: a run whose training data broke a rule fails here
+    "audit": Stage(
+        "audit", lambda profile, home: audit_flow(profile=profile, home=home),
+        inputs=("sft_data", "dpo_pairs", "rl_prompts", "difficulty", "benchmarks", "decisions"), cached=False,
     ),
 }
 
@@ -140,7 +148,7 @@ def pipeline_flow(profile: str = "tiny", stages: list[str] | None = None, home: 
             report_progress(name, "start")
             key, inputs = stage_cache_key(stage, ctx.profile, ctx.wh)
             previous = last_stage_run(ctx.wh, name)
-            if not force and previous and previous["cache_key"] == key:
+            if stage.cached and not force and previous and previous["cache_key"] == key:
                 log.info("stage %s skipped: inputs %s and config unchanged since MLflow run %s",
                          name, inputs or "(none)", previous["mlflow_run_id"])
                 results[name] = {**json.loads(previous["summary"]), "skipped": True}

@@ -1,0 +1,222 @@
+"""The training-data audit: proves from the warehouse alone that training saw only what
+curation and difficulty chose.
+
+Checks (each counts what it checked and names every offending id):
+- ``sft_side`` / ``dpo_side`` / ``rl_side``: every row of ``sft_data``, ``dpo_pairs`` and
+  ``rl_prompts`` maps to a kept pool row (``sft_pool`` / ``rl_pool``) or a synthetic
+  instance assigned to its own side, with the very prompt text curation kept.
+- ``no_prompt_on_both_sides`` / ``no_cluster_on_both_sides``: no prompt id, prompt text or
+  near-duplicate cluster feeds both the SFT side (SFT, DPO) and the RL side.
+- ``no_benchmark_item``: no training prompt is a benchmark item (same normalized text) or a
+  row that decontamination matched to one.
+- ``rl_latest_difficulty_keep``: every RL prompt's newest difficulty decision keeps it
+  (``unscored`` only for domains without a verifier band, which the GenRM rewards).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from tasks.curate.normalize import normalize_texts, text_hash
+from warehouse import Warehouse
+
+MAX_LISTED = 20
+SIDE_OF_TABLE = {"sft_data": "sft", "dpo_pairs": "sft", "rl_prompts": "rl"}
+ID_COLUMN = {"sft_data": "source_id", "dpo_pairs": "prompt_id", "rl_prompts": "prompt_id"}
+POOL_OF_SIDE = {"sft": "sft_pool", "rl": "rl_pool"}
+DECONTAM_STAGE = "curate.decontam"
+
+
+@dataclass
+class AuditCheck:
+    name: str
+    checked: int = 0
+    offending: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.offending
+
+    def flag(self, what: str) -> None:
+        self.offending.append(what)
+
+
+@dataclass
+class AuditReport:
+    checks: list[AuditCheck]
+    snapshots: dict[str, str]
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    @property
+    def violations(self) -> int:
+        return sum(len(c.offending) for c in self.checks)
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {"violations": float(self.violations)}
+        for c in self.checks:
+            out[f"{c.name}.checked"] = float(c.checked)
+            out[f"{c.name}.violations"] = float(len(c.offending))
+        return out
+
+    def as_dict(self) -> dict:
+        return {"passed": self.passed, "violations": self.violations, "snapshots": self.snapshots,
+                "checks": [{"name": c.name, "checked": c.checked, "violations": len(c.offending),
+                            "offending": c.offending[:MAX_LISTED]} for c in self.checks]}
+
+    def describe(self) -> str:
+        lines = []
+        for c in self.checks:
+            status = "ok" if c.passed else f"{len(c.offending)} violation(s)"
+            lines.append(f"{c.name}: {c.checked} checked, {status}")
+            lines += [f"  - {o}" for o in c.offending[:MAX_LISTED]]
+            if len(c.offending) > MAX_LISTED:
+                lines.append(f"  ... and {len(c.offending) - MAX_LISTED} more")
+        return "\n".join(lines)
+
+
+class AuditFailed(RuntimeError):
+    def __init__(self, report: AuditReport):
+        self.report = report
+        super().__init__(f"training-data audit failed with {report.violations} violation(s):\n{report.describe()}")
+
+
+def _latest(wh: Warehouse, name: str, snapshots: dict[str, str]) -> pl.DataFrame:
+    ref = wh.latest(name)
+    if ref is None:
+        return pl.DataFrame()
+    snapshots[name] = str(ref)
+    return wh.read(name, ref.snapshot)
+
+
+def _hash(text: str | None) -> str:
+    return text_hash(normalize_texts([text or ""])[0])
+
+
+@dataclass
+class SideRow:
+    table: str
+    prompt_hash: str
+    cluster: str
+
+
+def _side_index(pools: dict[str, pl.DataFrame], synthetic: pl.DataFrame) -> dict[str, dict[str, SideRow]]:
+    """side -> id -> where the row lives, its normalized prompt hash and its cluster."""
+    index: dict[str, dict[str, SideRow]] = {"sft": {}, "rl": {}}
+    for side, name in POOL_OF_SIDE.items():
+        df = pools[name]
+        for r in df.iter_rows(named=True) if not df.is_empty() else ():
+            index[side][str(r["id"])] = SideRow(name, _hash(r["prompt"]), f"pool:{r['cluster_id']}")
+    if not synthetic.is_empty():
+        for r in synthetic.iter_rows(named=True):
+            side = r.get("split")
+            if side in index:
+                index[side][str(r["id"])] = SideRow("synthetic_tasks", _hash(r["prompt"]), f"synth:{r['cluster_id']}")
+    return index
+
+
+def _check_side(table: str, df: pl.DataFrame, index: dict[str, dict[str, SideRow]]) -> AuditCheck:
+    side = SIDE_OF_TABLE[table]
+    check = AuditCheck(f"{table.split('_')[0]}_side")
+    for r in df.iter_rows(named=True) if not df.is_empty() else ():
+        check.checked += 1
+        pid = str(r[ID_COLUMN[table]])
+        home = index[side].get(pid)
+        if home is None:
+            other = "rl" if side == "sft" else "sft"
+            where = f"the {other} side" if pid in index[other] else "no pool or synthetic instance"
+            check.flag(f"{table} {r['source_table']}:{pid} comes from {where}")
+        elif home.table != r["source_table"]:
+            check.flag(f"{table} {pid} claims {r['source_table']} but lives in {home.table}")
+        elif _hash(r["prompt"]) != home.prompt_hash:
+            check.flag(f"{table} {pid}: prompt differs from the curated {home.table} text")
+    return check
+
+
+def _training_rows(tables: dict[str, pl.DataFrame]) -> dict[str, list[tuple[str, str, str]]]:
+    """side -> [(table, id, prompt)] of every training row."""
+    out: dict[str, list[tuple[str, str, str]]] = {"sft": [], "rl": []}
+    for table, df in tables.items():
+        for r in df.iter_rows(named=True) if not df.is_empty() else ():
+            out[SIDE_OF_TABLE[table]].append((table, str(r[ID_COLUMN[table]]), r["prompt"]))
+    return out
+
+
+def _check_both_sides(rows: dict[str, list[tuple[str, str, str]]], index: dict[str, dict[str, SideRow]],
+                      pools: dict[str, pl.DataFrame], synthetic: pl.DataFrame) -> list[AuditCheck]:
+    prompts, clusters = AuditCheck("no_prompt_on_both_sides"), AuditCheck("no_cluster_on_both_sides")
+    ids = {side: {pid for _, pid, _ in rs} for side, rs in rows.items()}
+    texts = {side: {_hash(p): pid for _, pid, p in rs} for side, rs in rows.items()}
+    prompts.checked = len(ids["sft"] | ids["rl"])
+    for pid in sorted(ids["sft"] & ids["rl"]):
+        prompts.flag(f"prompt {pid} trains on both sides")
+    for h in sorted(set(texts["sft"]) & set(texts["rl"])):
+        prompts.flag(f"the same prompt text trains on both sides (sft {texts['sft'][h]}, rl {texts['rl'][h]})")
+    # clusters: of the training rows, and of the pools and synthetic splits they come from
+    used = {side: {index[side][pid].cluster for pid in ids[side] if pid in index[side]} for side in ids}
+    available: dict[str, set[str]] = {"sft": set(), "rl": set()}
+    for side, name in POOL_OF_SIDE.items():
+        if not pools[name].is_empty():
+            available[side] |= {f"pool:{c}" for c in pools[name]["cluster_id"].to_list()}
+    if not synthetic.is_empty():
+        for side in available:
+            available[side] |= {f"synth:{c}" for c in synthetic.filter(pl.col("split") == side)["cluster_id"].to_list()}
+    clusters.checked = len(available["sft"] | available["rl"])
+    for c in sorted((used["sft"] & used["rl"]) | (available["sft"] & available["rl"])):
+        clusters.flag(f"cluster {c} is on both sides")
+    return [prompts, clusters]
+
+
+def _check_benchmarks(rows: dict[str, list[tuple[str, str, str]]], benchmarks: pl.DataFrame,
+                      decisions: pl.DataFrame) -> AuditCheck:
+    check = AuditCheck("no_benchmark_item")
+    bench = {}
+    for r in benchmarks.iter_rows(named=True) if not benchmarks.is_empty() else ():
+        bench.setdefault(_hash(r["text"]), f"{r['benchmark']}:{r['item_id']}")
+    matched = {}
+    if not decisions.is_empty():
+        for r in decisions.filter(pl.col("stage") == DECONTAM_STAGE).iter_rows(named=True):
+            matched[str(r["row_id"])] = r["reference_id"] or r["reason"]
+    for side_rows in rows.values():
+        for table, pid, prompt in side_rows:
+            check.checked += 1
+            item = bench.get(_hash(prompt))
+            if item is not None:
+                check.flag(f"{table} {pid} is benchmark item {item}")
+            elif pid in matched:
+                check.flag(f"{table} {pid} was matched to benchmark {matched[pid]} by decontamination")
+    return check
+
+
+def _check_rl_difficulty(rl: pl.DataFrame, difficulty: pl.DataFrame) -> AuditCheck:
+    check = AuditCheck("rl_latest_difficulty_keep")
+    latest: dict[str, str] = {}
+    if not difficulty.is_empty():
+        last = difficulty.with_row_index("_order").unique("prompt_id", keep="last")
+        latest = dict(zip(last["prompt_id"].to_list(), last["decision"].to_list()))
+    for r in rl.iter_rows(named=True) if not rl.is_empty() else ():
+        check.checked += 1
+        decision = latest.get(str(r["prompt_id"]))
+        if decision not in ("keep", "unscored"):
+            check.flag(f"rl_prompts {r['prompt_id']}: latest difficulty decision is {decision or 'missing'}")
+    return check
+
+
+def run_audit(wh: Warehouse) -> AuditReport:
+    """Every check over the latest snapshots; nothing is written."""
+    snapshots: dict[str, str] = {}
+    pools = {name: _latest(wh, name, snapshots) for name in POOL_OF_SIDE.values()}
+    synthetic = _latest(wh, "synthetic_tasks", snapshots)
+    if not synthetic.is_empty() and "split" not in synthetic.columns:
+        raise ValueError(f"{snapshots['synthetic_tasks']} has no 'split' column: re-run `posttrain synthesize`")
+    tables = {name: _latest(wh, name, snapshots) for name in SIDE_OF_TABLE}
+    index = _side_index(pools, synthetic)
+    rows = _training_rows(tables)
+    checks = [_check_side(name, df, index) for name, df in tables.items()]
+    checks += _check_both_sides(rows, index, pools, synthetic)
+    checks.append(_check_benchmarks(rows, _latest(wh, "benchmarks", snapshots), _latest(wh, "decisions", snapshots)))
+    checks.append(_check_rl_difficulty(tables["rl_prompts"], _latest(wh, "difficulty", snapshots)))
+    return AuditReport(checks, snapshots)

@@ -1,0 +1,209 @@
+"""The training-data audit, and the data links it guards (issue: the pipeline proves it works).
+
+A warehouse is built by the real stages (ingest -> curate -> synthesize -> training data
+builders). The one stand-in is the ``difficulty`` table, written here as a difficulty run
+would write it (the real stage needs a model that can solve the prompts; tests of the
+stage itself are in test_difficulty.py).
+"""
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from data_specs import get_spec
+from test_train_engine import SMALL_MODEL
+
+from tasks.audit import AuditFailed, run_audit
+from tasks.curate.config import CurateConfig, SemanticConfig
+from tasks.curate.pipeline import run_curate
+from tasks.ingest import RawRecord, store_records
+from tasks.synth.config import SyntheticSplitConfig
+from tasks.synthesize import generate_task_instances
+from tasks.train.config import TrainConfig
+from tasks.train.data import build_dpo_pairs, build_rl_prompts, build_sft_data, write_training_tables
+
+TASKS = ["object_counting", "boolean_expressions", "operation"]
+MC = "Which number is the largest? (A) 2 (B) 9 (C) 4"
+PROMPTS = (
+    [{"prompt": f"A shelf holds {n} red books and {m} blue books. How many books are on the shelf in total?",
+      "answer": str(n + m), "domain": "math"} for n, m in [(3, 4), (5, 6), (7, 8), (9, 2), (4, 4), (6, 1)]]
+    + [{"prompt": MC, "answer": "B", "domain": "math"},
+       {"prompt": "How many positive divisors does the number 3600 have?", "answer": "45", "domain": "math"},
+       {"prompt": "Write a short poem about the sea and its colours.", "solution": "Waves of blue.",
+        "domain": "general"}]
+)
+BENCH = {"item_id": "b1", "prompt": "How many positive divisors does the number 3600 have?", "answer": "45",
+         "domain": "math"}
+
+
+def train_config(**data) -> TrainConfig:
+    return TrainConfig(base_model={"kind": "hybrid", "name": "audit-base", "tokenizer_texts": 300},
+                       data={"synthetic_per_task": 20, **data},
+                       sft_short={"max_tokens": 400}, sft_long={"min_tokens": 401, "max_tokens": 2048},
+                       dpo_short={"max_tokens": 400}, dpo_long={"min_tokens": 401, "max_tokens": 2048})
+
+
+def write_difficulty(wh, decisions: dict[str, str], run_id: str) -> None:
+    """The rows a difficulty run writes (stand-in for sampling a model)."""
+    rows = [{"prompt_id": pid, "source_table": "x", "domain": "logic", "n": 4, "correct": 2, "decision": d,
+             "model": "stand-in", "run_id": run_id} for pid, d in decisions.items()]
+    wh.append("difficulty", get_spec("difficulty").conform(pl.DataFrame(rows)))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from tasks.train.base_model import prepare_base_model
+    from warehouse import Warehouse
+
+    wh = Warehouse(tmp_path_factory.mktemp("audit"))
+    store_records(wh, [RawRecord("t.jsonl", i + 1, data=r) for i, r in enumerate(PROMPTS)], "unit")
+    store_records(wh, [RawRecord("b.jsonl", 1, data=BENCH)], "tinybench", kind="benchmarks")
+    run_curate(wh, CurateConfig(semantic=SemanticConfig(enabled=False),
+                                decontam={"embedding": False}, split={"rl_fraction": 0.5}))
+    rows = []
+    for name in TASKS:
+        rows += generate_task_instances.fn(name, [0], 16, 0, 3, "configured", SyntheticSplitConfig())["rows"]
+    wh.write("synthetic_tasks", pl.DataFrame(rows))
+    cfg = train_config()
+    tokenizer = AutoTokenizer.from_pretrained(prepare_base_model(wh, cfg.base_model, SMALL_MODEL))
+    rl_side = wh.read("rl_pool")["id"].to_list() + [r["id"] for r in rows if r["split"] == "rl"]
+    # the first difficulty run keeps every RL-side prompt; a later run rejects two of them
+    write_difficulty(wh, dict.fromkeys(rl_side, "keep"), "run-1")
+    write_difficulty(wh, {rl_side[-1]: "too_easy", rl_side[-2]: "unsolved"}, "run-2")
+    write_training_tables(wh, cfg, tokenizer)
+    return wh, cfg, tokenizer, rl_side
+
+
+def test_synthetic_instances_split_by_cluster_with_both_sides_per_task(built):
+    wh, *_ = built
+    synth = wh.read("synthetic_tasks")
+    assert set(synth["split"]) == {"sft", "rl"}
+    assert synth.group_by("cluster_id").agg(pl.col("split").n_unique())["split"].max() == 1
+    per_task = synth.group_by("task").agg(pl.col("split").n_unique().alias("sides"))
+    assert per_task["sides"].min() == 2
+    # seeded: the same seed gives the same sides, another seed moves some clusters
+    again = generate_task_instances.fn(TASKS[0], [0], 16, 0, 3, "configured", SyntheticSplitConfig())["rows"]
+    other = generate_task_instances.fn(TASKS[0], [0], 16, 0, 3, "configured", SyntheticSplitConfig(seed=7))["rows"]
+    mine = dict(zip(synth["id"], synth["split"]))
+    assert all(mine[r["id"]] == r["split"] for r in again)
+    assert any(mine[r["id"]] != r["split"] for r in other)
+
+
+def test_training_tables_use_the_curated_text_of_their_own_side(built):
+    wh, cfg, tokenizer, _ = built
+    sft_pool, rl_pool = wh.read("sft_pool"), wh.read("rl_pool")
+    synth = wh.read("synthetic_tasks")
+    sft_side = set(sft_pool["id"]) | set(synth.filter(pl.col("split") == "sft")["id"])
+    rl_ids = set(rl_pool["id"]) | set(synth.filter(pl.col("split") == "rl")["id"])
+    sft, dpo, rl = wh.read("sft_data"), wh.read("dpo_pairs"), wh.read("rl_prompts")
+    assert set(sft["source_id"]) <= sft_side and set(dpo["prompt_id"]) <= sft_side
+    assert set(rl["prompt_id"]) <= rl_ids and sft.height and dpo.height and rl.height
+    # curated text reaches training: the multiple-choice prompt was rewritten by curate
+    curated = {r["id"]: r["prompt"] for r in pl.concat([sft_pool, rl_pool]).iter_rows(named=True)}
+    raw = {r["id"]: r["prompt"] for r in wh.read("prompts").iter_rows(named=True)}
+    mc_id = next(i for i, p in raw.items() if p == MC)
+    assert curated.get(mc_id, MC) != MC, "curate should rewrite the multiple-choice prompt"
+    for table, col in ((sft, "source_id"), (dpo, "prompt_id"), (rl, "prompt_id")):
+        for r in table.filter(pl.col("source_table") != "synthetic_tasks").iter_rows(named=True):
+            assert r["prompt"] == curated[r[col]]
+    rl_rows = {r["prompt_id"]: json.loads(r["row_json"]) for r in rl.iter_rows(named=True)}
+    assert all(row["prompt"] == rl.filter(pl.col("prompt_id") == pid)["prompt"][0] for pid, row in rl_rows.items())
+
+
+def test_the_latest_difficulty_decision_wins(built):
+    wh, cfg, _, rl_side = built
+    rl = set(wh.read("rl_prompts")["prompt_id"])
+    assert rl_side[-1] not in rl and rl_side[-2] not in rl      # kept in run-1, rejected in run-2
+    assert set(rl_side[:-2]) <= rl
+    _, _, report = build_rl_prompts(wh, cfg)
+    assert report.dropped == {"difficulty_too_easy": 1, "difficulty_unsolved": 1}
+    assert report.seen == report.kept + sum(report.dropped.values())
+
+
+def test_without_a_curated_pool_nothing_trains_from_raw_prompts(tmp_path):
+    from warehouse import Warehouse
+
+    wh = Warehouse(tmp_path)
+    store_records(wh, [RawRecord("t.jsonl", i + 1, data=r) for i, r in enumerate(PROMPTS)], "unit")
+    cfg = train_config()
+    assert build_sft_data(wh, cfg, None)[0].is_empty()
+    assert build_dpo_pairs(wh, cfg, None)[0].is_empty()
+    assert build_rl_prompts(wh, train_config(rl_requires_difficulty=False))[0].is_empty()
+
+
+def test_audit_passes_on_what_the_builders_wrote(built):
+    wh, *_ = built
+    report = run_audit(wh)
+    assert report.passed, report.describe()
+    names = {c.name: c.checked for c in report.checks}
+    assert set(names) == {"sft_side", "dpo_side", "rl_side", "no_prompt_on_both_sides", "no_cluster_on_both_sides",
+                          "no_benchmark_item", "rl_latest_difficulty_keep"}
+    assert all(v > 0 for v in names.values()), names
+
+
+def _planted(wh, name: str, frame: pl.DataFrame):
+    """Replace ``name`` with ``frame`` for one audit, then restore the previous snapshot's content."""
+    before = wh.read(name)
+    wh.write(name, frame)
+    try:
+        return run_audit(wh)
+    finally:
+        wh.write(name, before)
+
+
+def _failed(report, check: str) -> list[str]:
+    return next(c.offending for c in report.checks if c.name == check)
+
+
+def test_audit_fails_on_a_planted_cross_side_row(built):
+    wh, *_ = built
+    sft_synth = wh.read("synthetic_tasks").filter(pl.col("split") == "sft").row(0, named=True)
+    rl = wh.read("rl_prompts")
+    planted = rl.head(1).with_columns(pl.lit(sft_synth["id"]).alias("prompt_id"),
+                                      pl.lit(sft_synth["prompt"]).alias("prompt"),
+                                      pl.lit("synthetic_tasks").alias("source_table"))
+    report = _planted(wh, "rl_prompts", pl.concat([rl, planted]))
+    assert not report.passed
+    assert any(sft_synth["id"] in o and "sft side" in o for o in _failed(report, "rl_side"))
+    assert any(sft_synth["id"] in o for o in _failed(report, "no_prompt_on_both_sides"))
+    assert any(sft_synth["id"] in o for o in _failed(report, "rl_latest_difficulty_keep"))
+
+
+def test_audit_fails_on_a_planted_contaminated_row(built):
+    wh, *_ = built
+    sft = wh.read("sft_data")
+    planted = sft.head(1).with_columns(pl.lit("contaminated").alias("example_id"),
+                                       pl.lit(BENCH["prompt"]).alias("prompt"))
+    report = _planted(wh, "sft_data", pl.concat([sft, planted]))
+    offending = _failed(report, "no_benchmark_item")
+    assert any("tinybench:b1" in o for o in offending), offending
+    # the decontaminated pool row itself, slipped into sft_data under its own id
+    removed = wh.read("decisions").filter(pl.col("stage") == "curate.decontam")["row_id"].to_list()
+    assert removed
+    sneaky = sft.head(1).with_columns(pl.lit("sneaky").alias("example_id"), pl.lit(removed[0]).alias("source_id"),
+                                      pl.lit("a rephrased text").alias("prompt"))
+    report = _planted(wh, "sft_data", pl.concat([sft, sneaky]))
+    assert any(removed[0] in o and "decontamination" in o for o in _failed(report, "no_benchmark_item"))
+
+
+def test_audit_flow_fails_the_run_and_the_cli_prints_offending_ids(built, monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.audit import audit_flow
+    from flows.cli import app
+
+    wh, *_ = built
+    assert audit_flow(home=str(wh.home))["passed"]
+    rl = wh.read("rl_prompts")
+    wh.write("rl_prompts", pl.concat([rl, rl.head(1).with_columns(pl.lit("ghost").alias("prompt_id"))]))
+    try:
+        with pytest.raises(AuditFailed, match="violation"):
+            audit_flow(home=str(wh.home))
+        out = CliRunner().invoke(app, ["audit", "--home", str(wh.home)], catch_exceptions=False)
+        assert out.exit_code == 1 and "ghost" in out.output and "FAILED" in out.output
+    finally:
+        wh.write("rl_prompts", rl)
