@@ -11,12 +11,14 @@ def _unit_interval(c: pl.Expr) -> pl.Expr:
 
 
 EVAL_RESULTS = register(TableSpec(
-    "eval_results", version=1, key=("model", "benchmark", "k", "run_id"),
+    "eval_results", version=2, key=("model", "benchmark", "k", "run_id"),
     description="Held-out pass@k of one model on one benchmark: the mean of the unbiased "
                 "per-item estimates over the evaluated items.",
     columns=[
         Column("model", pl.Utf8, required=True, description="model id (models.model_id, or the path given)"),
         Column("model_path", pl.Utf8, description="checkpoint directory or alias that was loaded"),
+        Column("stage", pl.Utf8, description="training stage that produced the model (base = before training); "
+                                              "empty for a model named on the command line"),
         Column("benchmark", pl.Utf8, required=True),
         Column("n", pl.Int64, required=True, check=lambda c: c >= 1, check_reason="n_below_1",
                description="samples per item"),

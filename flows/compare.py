@@ -26,6 +26,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from tasks import tracking
+from tasks.evaluate import ladder_figure
 from warehouse import Warehouse
 
 EVAL_METRIC = re.compile(r"^eval\.(?P<benchmark>.+)\.pass_at_(?P<k>\d+)$")
@@ -124,6 +125,28 @@ def eval_pass_at_k(family: RunFamily) -> pl.DataFrame:
                 rows.append({"benchmark": m["benchmark"], "k": int(m["k"]), "pass_at_k": float(value)})
     schema = {"benchmark": pl.Utf8, "k": pl.Int64, "pass_at_k": pl.Float64}
     return pl.DataFrame(rows, schema=schema).unique(["benchmark", "k"], keep="last").sort("benchmark", "k")
+
+
+STAGE_EVAL_METRIC = re.compile(r"^eval\.(?P<stage>base|sft_short|sft_long|dpo_short|dpo_long|rl)\."
+                               r"(?P<benchmark>.+)\.pass_at_1$")
+
+
+def eval_ladder(family: RunFamily) -> dict[str, dict[str, float]]:
+    """benchmark -> stage -> held-out pass@1, from the evaluate stage's per-stage metrics."""
+    out: dict[str, dict[str, float]] = {}
+    for _key, r in family.keyed():
+        for name, value in r.data.metrics.items():
+            m = STAGE_EVAL_METRIC.match(name)
+            if m:
+                out.setdefault(m["benchmark"], {})[m["stage"]] = float(value)
+    order = ["base", "sft_short", "sft_long", "dpo_short", "dpo_long", "rl"]
+    return {b: dict(sorted(v.items(), key=lambda kv: order.index(kv[0]))) for b, v in sorted(out.items())}
+
+
+def ladder_frame(ladder: dict[str, dict[str, float]]) -> pl.DataFrame:
+    stages = list(dict.fromkeys(s for v in ladder.values() for s in v))
+    rows = [{"benchmark": b, **{s: v.get(s) for s in stages}} for b, v in ladder.items()]
+    return pl.DataFrame(rows) if rows else pl.DataFrame()
 
 
 def funnel(wh: Warehouse | None, family: RunFamily) -> pl.DataFrame:
@@ -396,9 +419,14 @@ def write_run_report(run_id: str, home: str | os.PathLike | None = None, out_dir
     out = Path(out_dir) if out_dir else wh.artifacts_dir / "reports" / run_id
     out.mkdir(parents=True, exist_ok=True)
     label = family.label
-    eval_frame = eval_pass_at_k(family).rename({"pass_at_k": "a"})
+    eval_frame = eval_pass_at_k(family).filter(~pl.col("benchmark").str.contains(r"^(base|sft_|dpo_|rl\.)"))
+    eval_frame = eval_frame.rename({"pass_at_k": "a"})
     funnel_frame = funnel(wh, family).with_columns(pl.col("rows").cast(pl.Float64).alias("a"))
     plots = _save_plots(out, {label: metric_curves(client, family)}, eval_frame, funnel_frame, (label,))
+    ladder = eval_ladder(family)
+    if ladder:
+        plots["ladder"] = _save(ladder_figure(ladder, "held-out pass@1 (T=1.0, top-p 0.95) after each stage"),
+                                out / "eval_ladder.png")
     params = pl.DataFrame([{"param": k, "value": v} for k, v in sorted(family_params(family).items())],
                           schema={"param": pl.Utf8, "value": pl.Utf8})
     metrics = _metric_frame(dict(sorted(family_metrics(family).items())))
@@ -411,7 +439,10 @@ def write_run_report(run_id: str, home: str | os.PathLike | None = None, out_dir
         (f"<p>run id <code>{root.info.run_id}</code>, status {root.info.status}, started {started}, "
          f"experiment <code>{html.escape(client.get_experiment(root.info.experiment_id).name)}</code></p>"),
         "<h2>Stages</h2>", _html_table(_stage_rows(family)),
-        "<h2>Held-out pass@k</h2>", _html_table(eval_frame.rename({"a": "pass_at_k"}), "no evaluation in this run"),
+        "<h2>What each training stage did: held-out pass@1</h2>",
+        _html_table(ladder_frame(ladder), "no per-stage evaluation in this run"),
+        _img(plots.get("ladder"), "held-out pass@1 per family after base, SFT, DPO and RL"),
+        "<h2>Held-out pass@k of the final model</h2>", _html_table(eval_frame.rename({"a": "pass_at_k"}), "no evaluation in this run"),
         _img(plots.get("pass_at_k"), "held-out pass@k"),
         "<h2>Data funnel: rows removed per stage and reason</h2>",
         _html_table(funnel_frame.drop("a"), "no rows removed (or no decisions recorded for this run)"),

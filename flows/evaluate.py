@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import polars as pl
+
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
@@ -21,6 +23,9 @@ from tasks.evaluate import (
     item_rows,
     pass_at_k_figure,
     pass_at_k_metrics,
+    ladder_figure,
+    ladder_table,
+    stage_ladder,
     summarize,
     training_instance_ids,
 )
@@ -46,12 +51,20 @@ def _backend_for(rollout: RolloutConfig, model: ModelChoice) -> RolloutBackend:
     return make_backend(rollout.model_copy(update={"model": model.path}))
 
 
+def _models_to_evaluate(wh, cfg: EvaluateConfig, model: str | None) -> list[ModelChoice]:
+    """The named model, else the newest run's stage ladder (base -> ... -> rl)."""
+    if model or not cfg.stages:
+        return [choose_model(wh, model)]
+    return stage_ladder(wh, cfg.stages)
+
+
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | None = None,
                   benchmarks: list[str] | None = None, max_items: int | None = None) -> dict:
     """pass@k at the profile's temperature / top-p (M1: 1.0 / 0.95) into ``eval_results``.
 
-    ``model``: an alias or checkpoint path; by default the newest row of the ``models`` table.
+    ``model``: an alias or checkpoint path; by default every model of the newest training
+    run's stage ladder (``evaluate.stages``), so the table shows what each stage did.
     ``benchmarks`` and ``max_items`` override the profile's evaluate section.
     """
     log = flow_logger()
@@ -63,9 +76,11 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
                                              **overrides})
         rollout = ctx.profile.section("rollout", RolloutConfig)
         wh = ctx.wh
-        chosen = choose_model(wh, model)
-        tracking.set_tags({"posttrain.model": chosen.model_id, "posttrain.model_path": chosen.path,
-                           "posttrain.model_source": chosen.source})
+        chosen = _models_to_evaluate(wh, cfg, model)
+        final = chosen[-1]
+        tracking.set_tags({"posttrain.model": final.model_id, "posttrain.model_path": final.path,
+                           "posttrain.model_source": final.source,
+                           "posttrain.stages": ",".join(c.stage or "-" for c in chosen)})
         for name in ("benchmarks", "synthetic_tasks", "models"):
             ref = wh.latest(name)
             if ref is not None:
@@ -82,29 +97,44 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
         if not items:
             raise ValueError("evaluate: no items: configure benchmarks and/or synthetic tasks")
 
-        backend = _backend_for(rollout, chosen)
-        log.info("evaluating %s (%s) on %d items, n=%d, temperature=%s, top_p=%s",
-                 chosen.model_id, chosen.source, len(items), cfg.n, cfg.temperature, cfg.top_p)
         per_benchmark = Counter(it.benchmark for it in items)
-        results = evaluate_items_task(items, backend, cfg)
-
-        summary = summarize(results, cfg, chosen, backend.name, ctx.run_id)
+        summaries, per_item, metrics, errors = [], [], {}, 0
+        for choice in chosen:
+            backend = _backend_for(rollout, choice)
+            log.info("evaluating %s (%s) on %d items, n=%d, temperature=%s, top_p=%s",
+                     choice.model_id, choice.stage or choice.source, len(items), cfg.n, cfg.temperature, cfg.top_p)
+            results = evaluate_items_task(items, backend, cfg)
+            summary = summarize(results, cfg, choice, backend.name, ctx.run_id)
+            summaries.append(summary)
+            per_item.append(item_rows(results, choice, ctx.run_id))
+            errors += sum(r.verify_errors for r in results)
+            if choice.stage and len(chosen) > 1:
+                metrics.update(pass_at_k_metrics(summary, choice.stage))
+        summary = pl.concat(summaries, how="diagonal_relaxed")
+        final_summary = summaries[-1]
         parents = [r for r in (wh.latest("benchmarks"), wh.latest("models")) if r is not None]
         refs = {
             "eval_results": wh.write("eval_results", summary, mode="append", parents=parents),
-            "eval_items": wh.write("eval_items", item_rows(results, chosen, ctx.run_id), mode="append",
+            "eval_items": wh.write("eval_items", pl.concat(per_item, how="diagonal_relaxed"), mode="append",
                                    parents=parents),
         }
-        metrics = pass_at_k_metrics(summary)
+        metrics.update(pass_at_k_metrics(final_summary))   # unprefixed: the final model's numbers
         tracking.log_counters(metrics, prefix="eval")
         tracking.log_counters({f"{b}.items": n for b, n in per_benchmark.items()}, prefix="eval")
-        tracking.log_counters({"verify_errors": sum(r.verify_errors for r in results)}, prefix="eval")
-        tracking.log_figure(pass_at_k_figure(summary, f"held-out pass@k: {chosen.model_id}"),
+        tracking.log_counters({"verify_errors": errors}, prefix="eval")
+        tracking.log_figure(pass_at_k_figure(final_summary, f"held-out pass@k: {final.model_id}"),
                             "plots/eval_pass_at_k.png")
-        for r in summary.iter_rows(named=True):
+        ladder = ladder_table(summary)
+        if len(chosen) > 1 and any(b.startswith(SYNTHETIC_BENCHMARK) for b in ladder):
+            tracking.log_figure(ladder_figure(ladder, "held-out pass@1 after each stage"), "plots/eval_ladder.png")
+            tracking.log_dict(ladder, "eval/ladder.json")
+        for r in final_summary.iter_rows(named=True):
             log.info("%-18s pass@%d = %.3f over %d items", r["benchmark"], r["k"], r["pass_at_k"], r["items"])
+        for bench, by_stage in ladder.items():
+            log.info("%-32s %s", bench, "  ".join(f"{st} {v:.2f}" for st, v in by_stage.items()))
         report_progress("evaluate", "done")
-        return {"mlflow_run_id": ctx.run_id, "model": chosen.model_id, "model_source": chosen.source,
-                "tables": ctx.log_outputs(refs), "pass_at_k": metrics, "items": len(results),
-                "synthetic_items": len(heldout.items) if heldout else 0,
-                "benchmarks": [b for b in per_benchmark if b != SYNTHETIC_BENCHMARK]}
+        return {"mlflow_run_id": ctx.run_id, "model": final.model_id, "model_source": final.source,
+                "tables": ctx.log_outputs(refs), "pass_at_k": pass_at_k_metrics(final_summary), "items": len(items),
+                "synthetic_items": len(heldout.items) if heldout else 0, "ladder": ladder,
+                "stages": [c.stage for c in chosen if c.stage],
+                "benchmarks": [b for b in per_benchmark if not b.startswith(SYNTHETIC_BENCHMARK)]}

@@ -46,8 +46,15 @@ class SyntheticHeldout(BaseModel):
     max_draws_per_instance: int = Field(4, ge=1, description="draws allowed per wanted instance")
 
 
+LADDER = ("base", "sft_long", "dpo_long", "rl")
+
+
 class EvaluateConfig(VerifySettings):
     """The ``evaluate`` profile section. Defaults follow M1's evaluation protocol."""
+
+    # With no model named: these stages' models of the newest training run, in order, so a
+    # run shows what each stage did ("base" = the model its first stage started from).
+    stages: list[str] = Field(default_factory=lambda: list(LADDER))
 
     benchmarks: list[str] = Field(default_factory=lambda: ["aime2024", "aime2025", "math500", "humaneval"])
     max_items: int | None = Field(None, ge=1, description="items per benchmark; None = all")
@@ -87,6 +94,7 @@ class ModelChoice:
     model_id: str
     path: str
     source: str   # "argument" or "models table"
+    stage: str | None = None
 
 
 def choose_model(wh: Warehouse, model: str | None = None) -> ModelChoice:
@@ -105,6 +113,28 @@ def choose_model(wh: Warehouse, model: str | None = None) -> ModelChoice:
         raise FileNotFoundError(
             f"model {row['model_id']!r} from the {MODELS_TABLE!r} table points at {row['path']}, which does not exist")
     return ModelChoice(model_id=str(row["model_id"]), path=str(row["path"]), source="models table")
+
+
+def stage_ladder(wh: Warehouse, stages: list[str]) -> list[ModelChoice]:
+    """The newest training run's model after each of ``stages`` (those it has), in order."""
+    newest = choose_model(wh)
+    models = wh.read(MODELS_TABLE)
+    run = models.filter(pl.col("model_id") == newest.model_id)["run_name"][-1]
+    rows = models.filter(pl.col("run_name") == run)
+    out = []
+    for stage in stages:
+        if stage == "base":
+            first = rows.head(1).row(0, named=True)
+            out.append(ModelChoice(f"{run}/base", first["init_model"], "models table", "base"))
+            continue
+        match = rows.filter(pl.col("stage") == stage)
+        if match.height:
+            r = match.row(-1, named=True)
+            out.append(ModelChoice(r["model_id"], r["path"], "models table", stage))
+    missing = [c.path for c in out if not Path(c.path).exists()]
+    if missing:
+        raise FileNotFoundError(f"models of run {run!r} point at missing directories: {missing}")
+    return out or [newest]
 
 
 # -- which items ---------------------------------------------------------------------------------
@@ -154,6 +184,11 @@ class HeldoutDraw:
     skipped_duplicates: int = 0
 
 
+def synthetic_benchmark(task: str) -> str:
+    """Held-out synthetic items are reported per task family, and pooled as SYNTHETIC_BENCHMARK."""
+    return f"{SYNTHETIC_BENCHMARK}/{task}"
+
+
 def heldout_synthetic_items(spec: SyntheticHeldout, training_ids: set[str]) -> HeldoutDraw:
     """Fresh instances per task from the reserved (negative) seed range, none seen in training."""
     out = HeldoutDraw()
@@ -179,7 +214,8 @@ def heldout_synthetic_items(spec: SyntheticHeldout, training_ids: set[str]) -> H
             row = {"id": inst.id, "task": inst.task, "level": inst.level, "seed": inst.seed,
                    "prompt": inst.prompt, "question": inst.question, "answer": inst.answer,
                    "metadata": inst.metadata_json(), "domain": "logic"}
-            out.items.append(EvalItem(SYNTHETIC_BENCHMARK, f"{inst.task}/{inst.level}/{inst.seed}", "logic", row))
+            out.items.append(EvalItem(synthetic_benchmark(inst.task), f"{inst.task}/{inst.level}/{inst.seed}",
+                                      "logic", row))
     return out
 
 
@@ -223,11 +259,14 @@ def summarize(results: list[ItemResult], cfg: EvaluateConfig, model: ModelChoice
     by_benchmark: dict[str, list[ItemResult]] = {}
     for r in results:
         by_benchmark.setdefault(r.item.benchmark, []).append(r)
+        if r.item.benchmark.startswith(f"{SYNTHETIC_BENCHMARK}/"):
+            by_benchmark.setdefault(SYNTHETIC_BENCHMARK, []).append(r)
     rows = []
     for bench, rs in by_benchmark.items():
         for k in cfg.k:
             rows.append({
-                "model": model.model_id, "model_path": model.path, "benchmark": bench, "n": cfg.n, "k": k,
+                "model": model.model_id, "model_path": model.path, "stage": model.stage, "benchmark": bench,
+                "n": cfg.n, "k": k,
                 "pass_at_k": sum(pass_at_k(r.n, r.correct, k) for r in rs) / len(rs),
                 "items": len(rs), "correct": sum(r.correct for r in rs),
                 "temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_tokens,
@@ -248,9 +287,48 @@ def item_rows(results: list[ItemResult], model: ModelChoice, run_id: str | None)
     return spec.conform(pl.DataFrame(rows, infer_schema_length=None)) if rows else spec.empty()
 
 
-def pass_at_k_metrics(summary: pl.DataFrame) -> dict[str, float]:
-    """MLflow metric names ``<benchmark>.pass_at_<k>`` (logged under the ``eval`` prefix)."""
-    return {f"{r['benchmark']}.pass_at_{r['k']}": r["pass_at_k"] for r in summary.iter_rows(named=True)}
+def pass_at_k_metrics(summary: pl.DataFrame, stage: str | None = None) -> dict[str, float]:
+    """MLflow metric names ``[<stage>.]<benchmark>.pass_at_<k>`` (logged under the ``eval`` prefix)."""
+    prefix = f"{stage}." if stage else ""
+    return {f"{prefix}{r['benchmark']}.pass_at_{r['k']}": r["pass_at_k"] for r in summary.iter_rows(named=True)}
+
+
+def ladder_table(summary: pl.DataFrame, k: int = 1) -> dict[str, dict[str, float]]:
+    """benchmark -> stage -> pass@k, stages in the order they were evaluated."""
+    rows = summary.filter((pl.col("k") == k) & pl.col("stage").is_not_null())
+    out: dict[str, dict[str, float]] = {}
+    for r in rows.iter_rows(named=True):
+        out.setdefault(r["benchmark"], {})[r["stage"]] = r["pass_at_k"]
+    return out
+
+
+def ladder_figure(ladder: dict[str, dict[str, float]], title: str):
+    """One small chart per held-out synthetic family (and the pooled mean): pass@1 after each stage."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = sorted(b for b in ladder if b.startswith(f"{SYNTHETIC_BENCHMARK}/"))
+    panels = families + ([SYNTHETIC_BENCHMARK] if SYNTHETIC_BENCHMARK in ladder else [])
+    cols = min(4, max(1, len(panels)))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False, sharey=True)
+    for ax, bench in zip(axes.flat, panels):
+        by_stage = ladder[bench]
+        ax.plot(list(by_stage), list(by_stage.values()), marker="o", color="black" if bench == SYNTHETIC_BENCHMARK
+                else "tab:blue")
+        for x, y in enumerate(by_stage.values()):
+            ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+        ax.set_title("mean of families" if bench == SYNTHETIC_BENCHMARK else bench.split("/", 1)[1], fontsize=10)
+        ax.set_ylim(0, 1.05)
+        ax.grid(alpha=0.3)
+        ax.tick_params(axis="x", labelsize=8)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("held-out pass@1")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
 
 
 def pass_at_k_figure(summary: pl.DataFrame, title: str):
