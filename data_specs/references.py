@@ -119,18 +119,26 @@ JUDGE_BENCHMARK = register(TableSpec(
 ))
 
 JUDGE_CALIBRATIONS = register(TableSpec(
-    "judge_calibrations", version=1,
-    description="Recalibrations triggered by the length-bias monitor: the fitted length correction and checks.",
+    "judge_calibrations", version=2,
+    description="Recalibrations triggered by the length-bias monitor: the length correction GenRM rewards get "
+                "from then on (cumulative over earlier ones) and its checks.",
     columns=[
         Column("run_id", pl.Utf8),
+        # v2: the judge the correction belongs to (null: any judge); RL applies the newest one
+        Column("judge_model", pl.Utf8, description="the RL judge whose rewards were fitted; null = any judge"),
         Column("trigger_step", pl.Int64),
         Column("method", pl.Utf8, required=True),
         Column("statistic", pl.Float64, required=True),
         Column("threshold", pl.Float64, required=True),
-        Column("slope", pl.Float64, required=True),
+        Column("slope", pl.Float64, required=True,
+               description="reward' = clip(reward - slope * (log1p(length) - log_length_mean) / log_length_std)"),
         Column("log_length_mean", pl.Float64, required=True),
         Column("log_length_std", pl.Float64, required=True),
         Column("n", pl.Int64, required=True),
+        Column("correct_groups", pl.List(pl.Float64),
+               description="the correctness groups the slope corrects (reward varied there); null = all"),
+        Column("fitted_slope", pl.Float64,
+               description="the slope fitted on this event's window alone (slope adds any earlier correction)"),
         Column("statistic_after", pl.Float64, description="the monitor statistic on corrected rewards"),
         Column("judge_accuracy", pl.Float64, description="benchmark accuracy re-measured, when a judge ran"),
     ],

@@ -4,7 +4,8 @@ and the judge is validated (benchmark accuracy, Best-of-N vs pass@N) in the same
 ``recalibrate_flow`` answers the length-bias monitor: it fits a length correction on the
 window of RL rewards that tripped the monitor, checks that the correction removes the
 bias, re-measures the judge's benchmark accuracy and stores it all in
-``judge_calibrations``. The RL loop wires it in with
+``judge_calibrations``, whose newest row for a judge corrects the GenRM rewards of every
+later RL step (``tasks.train.genrm_reward.DomainReward``). The RL loop wires it in with
 
     monitor = LengthBiasMonitor(cfg.length_bias, on_event=length_bias_trigger(profile, home))
 """
@@ -16,11 +17,19 @@ import polars as pl
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from data_specs import get_spec
 from flows.common import flow_context, flow_logger, report_progress
 from tasks import tracking
 from tasks.genrm.config import ReferencesConfig
 from tasks.genrm.judge import GenRMJudge
-from tasks.genrm.length_bias import EVENT_TAG, STATISTICS, LengthBiasEvent, fit_length_correction
+from tasks.genrm.length_bias import (
+    CALIBRATIONS_TABLE,
+    EVENT_TAG,
+    STATISTICS,
+    LengthBiasEvent,
+    LengthCorrection,
+    fit_length_correction,
+)
 from tasks.genrm.references import build_backends, run_references
 from tasks.genrm.validation import judge_accuracy, run_judge_validation
 from tasks.rollout.factory import make_backend
@@ -84,7 +93,10 @@ def recalibrate_flow(event: dict, profile: str = "tiny", home: str | None = None
     """Fit a length correction on the monitor's window and re-check the judge.
 
     ``event`` is ``LengthBiasEvent.as_dict()``: the statistic that fired and the pooled
-    rewards, lengths and correctness behind it.
+    rewards, lengths and correctness behind it; the RL stage adds ``judge_model`` (whose
+    rewards these are) and ``base_calibration`` (the correction already applied to them,
+    ``LengthCorrection.as_dict()``). The stored row is the correction RL applies from then on
+    (``DomainReward`` reads the newest one for its judge): the fit on top of the base one.
     """
     log = flow_logger()
     report_progress("recalibrate", "start")
@@ -93,19 +105,22 @@ def recalibrate_flow(event: dict, profile: str = "tiny", home: str | None = None
         cfg = ctx.profile.section(SECTION, ReferencesConfig)
         method = event.get("method") or cfg.length_bias.method
         rewards, lengths, correct = event["rewards"], event["lengths"], event["correct"]
-        correction = fit_length_correction(rewards, lengths, correct)
-        after, _ = STATISTICS[method](correction.apply(rewards, lengths), lengths, correct,
+        fitted = fit_length_correction(rewards, lengths, correct)
+        base = event.get("base_calibration")
+        # the window's rewards already carry the base correction: the fit is what is left of the bias
+        correction = fitted.on_top_of(LengthCorrection.from_mapping(base)) if base else fitted
+        after, _ = STATISTICS[method](fitted.apply(rewards, lengths, correct), lengths, correct,
                                       cfg.length_bias.min_group_size)
         accuracy = None
         if remeasure_judge and ctx.wh.exists("judge_benchmark"):
             judge = GenRMJudge(make_backend(cfg.judge.rollout), cfg.judge, seed=cfg.seed)
             accuracy = judge_accuracy(judge, ctx.wh.read("judge_benchmark"), ctx.run_id).metrics.get("accuracy")
-        row = {"run_id": ctx.run_id, "trigger_step": event.get("step"), "method": method,
-               "statistic": float(event["statistic"]), "threshold": float(event.get("threshold", cfg.length_bias.threshold)),
-               "slope": correction.slope, "log_length_mean": correction.log_length_mean,
-               "log_length_std": correction.log_length_std, "n": correction.n,
-               "statistic_after": after, "judge_accuracy": accuracy}
-        ref = ctx.wh.write("judge_calibrations", pl.DataFrame([row]), mode="append")
+        row = {"run_id": ctx.run_id, "judge_model": event.get("judge_model"), "trigger_step": event.get("step"),
+               "method": method, "statistic": float(event["statistic"]),
+               "threshold": float(event.get("threshold", cfg.length_bias.threshold)),
+               **correction.as_dict(), "fitted_slope": fitted.slope, "statistic_after": after,
+               "judge_accuracy": accuracy}
+        ref = append_calibration(ctx.wh, row)
         tracking.log_counters({k: row[k] for k in ("statistic", "slope", "statistic_after", "judge_accuracy")},
                               prefix="recalibration", run_id=ctx.run_id)
         tracking.set_tags({EVENT_TAG: "recalibrated"}, run_id=ctx.run_id)
@@ -114,6 +129,17 @@ def recalibrate_flow(event: dict, profile: str = "tiny", home: str | None = None
         outputs = ctx.log_outputs([ref])
         report_progress("recalibrate", "done")
         return {"mlflow_run_id": ctx.run_id, "tables": outputs, **row}
+
+
+def append_calibration(wh: Warehouse, row: dict):
+    """Append one calibration; a table written under an older spec is rewritten once in the current one."""
+    spec = get_spec(CALIBRATIONS_TABLE)
+    new = spec.conform(pl.DataFrame([row]))
+    if wh.exists(CALIBRATIONS_TABLE):
+        old = wh.read(CALIBRATIONS_TABLE)
+        if old.schema != new.schema:  # v1 rows lack judge_model / fitted_slope: keep them, as nulls
+            return wh.write(CALIBRATIONS_TABLE, pl.concat([spec.conform(old), new]), mode="replace")
+    return wh.write(CALIBRATIONS_TABLE, new, mode="append")
 
 
 def length_bias_trigger(profile: str = "tiny", home: str | None = None,

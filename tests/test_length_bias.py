@@ -11,6 +11,7 @@ from tasks.genrm.config import LengthBiasConfig
 from tasks.genrm.length_bias import (
     EVENT_TAG,
     LengthBiasMonitor,
+    LengthCorrection,
     average_ranks,
     fit_length_correction,
     partial_correlation,
@@ -87,7 +88,7 @@ def test_fitted_length_correction_removes_the_bias():
     r, n, c = rl_step(rng, biased=True, n=3000)
     correction = fit_length_correction(r, n, c)
     assert correction.slope > 0.05
-    assert abs(within_group_spearman(correction.apply(r, n), n, c)[0]) < 0.15
+    assert abs(within_group_spearman(correction.apply(r, n, c), n, c)[0]) < 0.15
     with pytest.raises(ValueError, match="equally long"):
         within_group_spearman([1.0, 0.0], [1.0], [1.0, 0.0])
 
@@ -108,3 +109,30 @@ def test_monitor_state_round_trip_resumes_the_same_statistic_and_cooldown():
     assert [e.step if e else None for e in early + late] == [e.step if e else None for e in whole_events]
     assert [v for _, v in resumed.history] == pytest.approx([v for _, v in whole.history[9:]])
     assert any(e is not None for e in late)
+
+
+def test_corrections_compose_and_leave_constant_reward_groups_alone():
+    rng = np.random.default_rng(4)
+    lengths = rng.lognormal(5.0, 0.7, 400)
+    z = (np.log1p(lengths) - 5.0) / 0.7
+    correct = (rng.random(400) < 0.6).astype(float)
+    # like GenRM: an accepted answer's reward follows length, a lost one always pays 0
+    rewards = np.where(correct == 1.0, 0.6 + 0.1 * z + rng.normal(0, 0.05, 400), 0.0)
+    fitted = fit_length_correction(rewards, lengths, correct)
+    assert fitted.groups == (1.0,) and fitted.slope == pytest.approx(0.1, abs=0.02)
+    corrected = fitted.apply(rewards, lengths, correct)
+    assert (corrected[correct == 0.0] == 0.0).all()           # no length effect created among losses
+    with pytest.raises(ValueError, match="pass `correct`"):
+        fitted.apply(rewards, lengths)
+
+    base = LengthCorrection(0.05, 4.0, 0.5, 10, (1.0,))
+    x = np.linspace(2.0, 800.0, 50)
+    r = np.full(50, 0.5)
+    on = np.ones(50)
+    # away from the clip, base then fitted equals the one composed correction
+    step_by_step = fitted.apply(base.apply(r, x, on), x, on)
+    composed = fitted.on_top_of(base)
+    inside = (step_by_step > 0) & (step_by_step < 1)
+    assert inside.sum() > 10
+    assert composed.apply(r, x, on)[inside] == pytest.approx(step_by_step[inside])
+    assert composed.groups == (1.0,) and composed.n == fitted.n + 10

@@ -218,6 +218,9 @@ def test_loop_rewards_instruction_prompts_with_the_judge_one_call_per_round(wh):
         assert reward == (0.5 if "good" in text or "garble" in text else 0.0), text
     logic = wh.read("rollouts").filter(pl.col("domain") == "logic")
     assert logic.height > 0 and set(logic["reward"]) <= {0.0, 1.0}   # verifier rewards
+    # verifier errors are step metrics (to MLflow): the synthetic rows all verify
+    assert all(r["verify_error_fraction"] == 0.0 and r.get("verify_errors.logic", 0.0) == 0.0 for r in curve)
+    assert any("verify_errors.logic" in r for r in curve)
     # every raw judge output is stored, naming the rollout it judged
     judgments = wh.read("judgments").filter(pl.col("context") == "rl")
     assert judgments.height >= scored and set(judgments["order"]) == {"forward", "backward"}

@@ -188,16 +188,50 @@ class LengthCorrection:
     """reward' = clip(reward - slope * z, 0, 1), z the standardized log-length.
 
     The slope is the within-correctness-group least-squares slope of reward on z: the part
-    of the reward that length alone explains once correctness is held fixed.
+    of the reward that length alone explains once correctness is held fixed. ``groups``
+    are the correctness values it corrects (None: all): a group whose reward never varied
+    (a GenRM loss always pays the same) shows no length effect, and correcting it would
+    create one.
     """
     slope: float
     log_length_mean: float
     log_length_std: float
     n: int
+    groups: tuple[float, ...] | None = None
 
-    def apply(self, rewards, lengths) -> np.ndarray:
+    def apply(self, rewards, lengths, correct=None) -> np.ndarray:
         z = (np.log1p(np.asarray(lengths, dtype=np.float64)) - self.log_length_mean) / self.log_length_std
-        return np.clip(np.asarray(rewards, dtype=np.float64) - self.slope * z, 0.0, 1.0)
+        shift = self.slope * z
+        if self.groups is not None:
+            if correct is None:
+                raise ValueError("this length correction applies to some correctness groups only: pass `correct`")
+            shift = np.where(np.isin(np.asarray(correct, dtype=np.float64), self.groups), shift, 0.0)
+        return np.clip(np.asarray(rewards, dtype=np.float64) - shift, 0.0, 1.0)
+
+    def as_dict(self) -> dict:
+        return {"slope": self.slope, "log_length_mean": self.log_length_mean, "log_length_std": self.log_length_std,
+                "n": self.n, "correct_groups": None if self.groups is None else list(self.groups)}
+
+    @classmethod
+    def from_mapping(cls, row: dict) -> LengthCorrection:
+        groups = row.get("correct_groups")
+        return cls(float(row["slope"]), float(row["log_length_mean"]), float(row["log_length_std"] or 1.0),
+                   int(row.get("n") or 0), None if groups is None else tuple(float(g) for g in groups))
+
+    def on_top_of(self, base: LengthCorrection) -> LengthCorrection:
+        """One correction equal to ``base`` followed by ``self`` (fitted on base-corrected rewards).
+
+        Both subtract a line in x = log1p(length), so their sum is a line too: the slopes in
+        x add up, and the mean is where the summed line crosses zero (clipping aside).
+        """
+        a = self.slope / self.log_length_std + base.slope / base.log_length_std
+        c = (self.slope * self.log_length_mean / self.log_length_std
+             + base.slope * base.log_length_mean / base.log_length_std)
+        # lines that cancel leave at most a constant: keep the newest mean rather than divide by ~0
+        mean = c / a if abs(a) > 1e-12 else self.log_length_mean
+        # corrected groups: the union (a group only one of them corrects gets the summed line too)
+        groups = None if self.groups is None or base.groups is None else tuple(sorted({*self.groups, *base.groups}))
+        return LengthCorrection(a * self.log_length_std, mean, self.log_length_std, self.n + base.n, groups)
 
 
 def fit_length_correction(rewards, lengths, correct) -> LengthCorrection:
@@ -207,11 +241,28 @@ def fit_length_correction(rewards, lengths, correct) -> LengthCorrection:
     log_n = np.log1p(n)
     mean, std = float(log_n.mean()), float(log_n.std()) or 1.0
     z = (log_n - mean) / std
-    z_res, r_res = z.copy(), r.copy()
+    z_res, r_res, fitted = np.zeros_like(z), np.zeros_like(r), []
     for value in np.unique(c):
         mask = c == value
-        z_res[mask] -= z[mask].mean()
-        r_res[mask] -= r[mask].mean()
+        if r[mask].max() == r[mask].min():
+            continue  # a constant-reward group: no length effect, and its lengths would dilute the slope
+        fitted.append(float(value))
+        z_res[mask] = z[mask] - z[mask].mean()
+        r_res[mask] = r[mask] - r[mask].mean()
     denom = float((z_res * z_res).sum())
     slope = float((z_res * r_res).sum() / denom) if denom > 0 else 0.0
-    return LengthCorrection(slope, mean, std, len(r))
+    return LengthCorrection(slope, mean, std, len(r), tuple(fitted))
+
+
+CALIBRATIONS_TABLE = "judge_calibrations"
+
+
+def latest_length_correction(wh, judge_model: str | None) -> LengthCorrection | None:
+    """The newest recalibration for ``judge_model`` (rows naming no judge apply to any judge)."""
+    if not wh.exists(CALIBRATIONS_TABLE):
+        return None
+    df = wh.read(CALIBRATIONS_TABLE)
+    if "judge_model" in df.columns and judge_model is not None:
+        df = df.filter(df["judge_model"].is_null() | (df["judge_model"] == judge_model))
+    # the table is only appended to: the last row is the newest
+    return LengthCorrection.from_mapping(df.row(-1, named=True)) if df.height else None

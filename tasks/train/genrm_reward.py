@@ -11,18 +11,29 @@ an unreadable verdict counts as a tie.
 All GenRM samples of a sampling round go to the judge in one ``compare`` call. Every
 scored sample also carries its *correctness* for the length-bias monitor: the verifier's
 for rule-scored samples, ``verdict >= 0`` for GenRM samples.
+
+Each rule-scored sample is verified exactly once (one sandbox run for code): its reward
+and its correctness come from that one result. A row the verifier cannot score (broken
+metadata, unknown task, a crashing verifier) still scores 0, but is counted per domain
+(``verify_errors.<domain>``, ``verify_error_fraction``) and its first error is logged.
+
+The length-bias loop is closed here: the newest ``judge_calibrations`` row for the judge
+(written by ``flows.references.recalibrate_flow``) is subtracted from every model-judged
+GenRM reward, so a recalibration changes the rewards of the RL steps after it.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from tasks.genrm.judge import Constraints, GenRMJudge, PairRequest, constraints_from_metadata
+from tasks.genrm.length_bias import CALIBRATIONS_TABLE, LengthCorrection, latest_length_correction
 from tasks.genrm.references import judgment_rows
 from tasks.rollout.base import Completion, RolloutBackend
 from tasks.train.config import GenRMRewardConfig
-from tasks.verify.registry import verify
+from tasks.verify.registry import verify, verify_with_error
 
 log = logging.getLogger("posttrain.train.rl")
 
@@ -54,22 +65,43 @@ class ScoredSample:
 
 @dataclass
 class RewardCounters:
-    """Per-step GenRM bookkeeping, summed over the step's sampling rounds."""
+    """Per-step reward bookkeeping, summed over the step's sampling rounds."""
     genrm_scored: int = 0
     genrm_unparseable: int = 0
     genrm_position_disagreement: int = 0
     genrm_rule_decided: int = 0
     genrm_no_reference: int = 0
+    genrm_length_corrected: int = 0
     judge_calls: int = 0
+    length_correction_slope: float = 0.0      # the calibration in force (0: none)
+    verified: dict[str, int] = field(default_factory=dict)        # verifier calls by domain
+    verify_errors: dict[str, int] = field(default_factory=dict)   # ... that could not score the row
+    first_verify_error: str | None = None
+
+    def count_verification(self, domain: str, error: str | None) -> bool:
+        """Count one verifier call; True for the step's first error (the one worth a log line)."""
+        self.verified[domain] = self.verified.get(domain, 0) + 1
+        self.verify_errors.setdefault(domain, 0)
+        if error is None:
+            return False
+        self.verify_errors[domain] += 1
+        first = self.first_verify_error is None
+        self.first_verify_error = self.first_verify_error or error
+        return first
 
     def metrics(self) -> dict[str, float]:
         n = self.genrm_scored
+        verified, errors = sum(self.verified.values()), sum(self.verify_errors.values())
         return {"genrm_scored": float(n),
                 "genrm_unparseable_fraction": self.genrm_unparseable / n if n else 0.0,
                 "genrm_position_disagreement_fraction": self.genrm_position_disagreement / n if n else 0.0,
                 "genrm_rule_decided_fraction": self.genrm_rule_decided / n if n else 0.0,
                 "genrm_no_reference": float(self.genrm_no_reference),
-                "genrm_judge_calls": float(self.judge_calls)}
+                "genrm_judge_calls": float(self.judge_calls),
+                "genrm_length_corrected": float(self.genrm_length_corrected),
+                "genrm_length_correction_slope": self.length_correction_slope,
+                "verify_error_fraction": errors / verified if verified else 0.0,
+                **{f"verify_errors.{d}": float(k) for d, k in sorted(self.verify_errors.items())}}
 
 
 def stored_reference(row: dict, fields: list[str]) -> str | None:
@@ -109,6 +141,9 @@ class DomainReward:
     needs judging, so a pool without open-domain prompts never loads a judge model.
     ``custom`` replaces the verifier reward (tests, ablations); correctness then still
     comes from the verifiers, so the monitor holds the same thing fixed.
+    ``home``: the warehouse whose newest ``judge_calibrations`` row for this judge corrects
+    the GenRM rewards (re-read when the table gains a snapshot); ``calibration`` sets the
+    correction directly instead (it is replaced by the table's when both are given).
     """
     cfg: GenRMRewardConfig
     references: dict[str, str] = field(default_factory=dict)
@@ -120,7 +155,38 @@ class DomainReward:
     run_id: str | None = None
     rollout_prefix: str = "rl"
     judgments: list[dict] = field(default_factory=list)
+    home: str | None = None
+    calibration: LengthCorrection | None = None
     _backend: RolloutBackend | None = field(default=None, init=False, repr=False)
+    _calibration_snapshot: str | None = field(default=None, init=False, repr=False)
+    _warehouse: Any = field(default=None, init=False, repr=False)
+
+    @property
+    def judge_model(self) -> str:
+        return self.cfg.judge.rollout.model
+
+    def refresh_calibration(self) -> LengthCorrection | None:
+        """The correction in force: the newest calibration for the judge, once per table snapshot."""
+        if self.home is None:
+            return self.calibration
+        from warehouse import Warehouse
+
+        wh = self._warehouse = self._warehouse or Warehouse(self.home)
+        latest = wh.latest(CALIBRATIONS_TABLE)
+        snapshot = latest.snapshot if latest is not None else None
+        if snapshot != self._calibration_snapshot:
+            self._calibration_snapshot = snapshot
+            found = latest_length_correction(wh, self.judge_model)
+            self.calibration = found or self.calibration
+            if found is not None:
+                log.info("GenRM rewards of judge %s: length correction slope %.4f (judge_calibrations@%s)",
+                         self.judge_model, found.slope, snapshot)
+        return self.calibration
+
+    def event_context(self) -> dict:
+        """What a length-bias event needs for its recalibration: whose rewards, already corrected how."""
+        active = self.calibration if self.custom is None else None
+        return {"judge_model": self.judge_model, "base_calibration": active.as_dict() if active else None}
 
     def uses_genrm(self, row: dict) -> bool:
         return self.cfg.enabled and self.custom is None and row["domain"] in self.cfg.domains
@@ -139,11 +205,14 @@ class DomainReward:
                     else:
                         pending.append(_Pending(gi, si, request))
                 else:
-                    out[gi][si] = self._rule_sample(row, c)
+                    out[gi][si] = self._rule_sample(row, c, counters)
         if pending:
+            correction = self.refresh_calibration()
+            counters.length_correction_slope = correction.slope if correction is not None else 0.0
             for p, decision in zip(pending, self._judge(step, round_).compare([p.request for p in pending]),
                                    strict=True):
-                out[p.group][p.sample] = self._genrm_sample(decision.verdict, decision.status)
+                sample = self._genrm_sample(decision.verdict, decision.status)
+                out[p.group][p.sample] = self._corrected(sample, len(groups[p.group][p.sample].token_ids), counters)
                 prompt_id = rows[p.group]["prompt_id"]
                 self.judgments += judgment_rows(
                     decision.samples, run_id=self.run_id, context="rl", kind="pairwise", prompt_id=prompt_id,
@@ -160,11 +229,24 @@ class DomainReward:
                     counters.genrm_rule_decided += s.status == "rule"
         return out  # type: ignore[return-value]
 
-    def _rule_sample(self, row: dict, c: Completion) -> ScoredSample:
-        correct = verifier_correct(row, c.text)
+    def _rule_sample(self, row: dict, c: Completion, counters: RewardCounters) -> ScoredSample:
+        # one verification per sample (one sandbox run for code): reward and correctness share it
+        score, error = verify_with_error(row["domain"], row["source_row"], c.text)
+        if counters.count_verification(row["domain"], error):
+            log.warning("rl_prompts row %s (%s): the verifier cannot score it, reward 0 and counted in "
+                        "verify_errors.%s: %s", row.get("prompt_id"), row["domain"], row["domain"], error)
+        correct = 1.0 if score >= 0.5 else 0.0
         if self.custom is not None:
             return ScoredSample(clip_reward(self.custom(row, c.text, list(c.token_ids))), correct, "custom")
-        return ScoredSample(clip_reward(verifier_reward(row, c.text, list(c.token_ids))), correct, "verifier")
+        return ScoredSample(clip_reward(score), correct, "verifier")
+
+    def _corrected(self, sample: ScoredSample, length: int, counters: RewardCounters) -> ScoredSample:
+        """The judge's reward minus the calibrated length effect (a rule decision is not the judge's)."""
+        c = self.calibration
+        if c is None or sample.status == "rule" or (c.groups is not None and sample.correct not in c.groups):
+            return sample
+        counters.genrm_length_corrected += 1
+        return replace(sample, reward=float(c.apply([sample.reward], [length], [sample.correct])[0]))
 
     def _genrm_sample(self, verdict: int | None, status: str) -> ScoredSample:
         # an unreadable verdict (or a prompt without any reference) counts as a tie

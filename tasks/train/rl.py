@@ -123,10 +123,16 @@ def _sample_groups(h: StageHarness, backend: LocalBackend, pool: list[dict], cur
 
 
 def _monitor_inputs(seen: list) -> tuple[list[float], list[int], list[float]]:
-    """(reward, response length, correctness) of every sample drawn in the step."""
+    """(reward, response length, correctness) of every judged sample drawn in the step.
+
+    Verifier-scored samples are left out: their reward is their correctness, so they carry
+    no length signal and would only dilute the statistic and the fitted correction.
+    """
     rewards, lengths, correct = [], [], []
     for _row, completions, scored, _round in seen:
         for c, s in zip(completions, scored):
+            if s.scorer == "verifier":
+                continue
             rewards.append(s.reward)
             lengths.append(len(c.token_ids))
             correct.append(s.correct)
@@ -303,7 +309,7 @@ def make_rewarder(h: StageHarness, pool: list[dict], reward_fn: RewardFn | None,
                                           {r["prompt_id"] for r in pool})
     return DomainReward(cfg, references, judge_backend or judge_backend_factory(cfg.judge.rollout, h.job.home),
                         seed=h.cfg.seed, custom=reward_fn, run_id=h.job.mlflow_run_id,
-                        rollout_prefix=f"rl:{h.job.run_name}")
+                        rollout_prefix=f"rl:{h.job.run_name}", home=h.job.home)
 
 
 def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: JudgeFactory | None = None) -> dict:
@@ -350,7 +356,7 @@ def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: 
         if monitor.history[-1][1] is not None:
             metrics["length_bias_statistic"] = monitor.history[-1][1]
         if event is not None:
-            events.append({**event.as_dict(), "rl_step": step})
+            events.append({**event.as_dict(), "rl_step": step, **rewarder.event_context()})
         h.record(step, metrics)
         last = metrics
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:

@@ -1,8 +1,10 @@
 """One entry point for scoring: ``verify(domain, row, response) -> float`` in [0, 1].
 
 ``row`` is a table row as a dict (``prompts``/``rl_pool`` or ``synthetic_tasks``). A row
-that cannot be scored (missing answer, unknown task) scores 0.0 and never raises, so one
-bad row cannot crash a batch; ``verify_strict`` raises instead, for callers that report.
+that cannot be scored (missing answer, unknown task, broken metadata, a crashing
+verifier) never raises out of ``verify_with_error``: it scores 0.0 and says why, so one bad
+row cannot crash a batch and the caller can still count it. ``verify`` drops the reason
+(for callers that only want a number); ``verify_strict`` raises instead.
 """
 from __future__ import annotations
 
@@ -92,9 +94,15 @@ def verify_strict(domain: str, row: dict, response: str, limits: SandboxLimits |
     return float(VERIFIERS[domain](row, response, limits))
 
 
-def verify(domain: str, row: dict, response: str, limits: SandboxLimits | None = None) -> float:
-    """Score in [0, 1]; 0.0 for rows the domain's verifier cannot score."""
+def verify_with_error(domain: str, row: dict, response: str,
+                      limits: SandboxLimits | None = None) -> tuple[float, str | None]:
+    """(score, None), or (0.0, "ErrorType: message") when the row cannot be scored."""
     try:
-        return verify_strict(domain, row, response, limits)
-    except Exception:  # noqa: BLE001 - one bad row scores 0, the batch goes on
-        return 0.0
+        return verify_strict(domain, row, response, limits), None
+    except Exception as e:  # noqa: BLE001 - one bad row scores 0, the batch goes on, the caller counts it
+        return 0.0, f"{type(e).__name__}: {e}"[:500]
+
+
+def verify(domain: str, row: dict, response: str, limits: SandboxLimits | None = None) -> float:
+    """Score in [0, 1]; 0.0 for rows the domain's verifier cannot score (the reason is dropped)."""
+    return verify_with_error(domain, row, response, limits)[0]
