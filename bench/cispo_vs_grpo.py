@@ -50,7 +50,9 @@ def prepare(home: Path):
     for name in TASKS:
         rows += generate_task_instances.fn(name, [0], 12, 0, 3, "configured")["rows"]
     wh.write("synthetic_tasks", pl.DataFrame(rows))
-    cfg = TrainConfig(base_model={"kind": "hybrid", "name": "bench-base", "tokenizer_texts": 200})
+    # no difficulty stage in this bench: RL-side prompts train undecided
+    cfg = TrainConfig(base_model={"kind": "hybrid", "name": "bench-base", "tokenizer_texts": 200},
+                      data={"rl_requires_difficulty": False})
     base = prepare_base_model(wh, cfg.base_model, MODEL)
     frame, parents, _ = build_rl_prompts(wh, cfg)
     ref = wh.write("rl_prompts", frame, parents=parents)
