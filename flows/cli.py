@@ -358,7 +358,10 @@ def _print_ladder(ladder: dict) -> None:
         t.add_column(s, justify="right")
     t.add_column("RL - SFT", justify="right")
     sft = next((s for s in reversed(stages) if s.startswith("sft")), None)
-    for bench, by_stage in ladder.items():
+    # synthetic families first, their mean, then the public benchmarks
+    order = sorted(ladder, key=lambda b: (not b.startswith("synthetic_heldout/"), b != "synthetic_heldout", b))
+    for bench in order:
+        by_stage = ladder[bench]
         delta = by_stage["rl"] - by_stage[sft] if sft and "rl" in by_stage and sft in by_stage else None
         t.add_row(bench, *[f"{by_stage[s]:.2f}" if s in by_stage else "" for s in stages],
                   "" if delta is None else f"{delta:+.2f}")
@@ -374,10 +377,10 @@ def _print_summary(res: dict, elapsed: float, home: Optional[str]) -> None:
         if isinstance(out, dict) and "mlflow_run_id" in out:
             how = "skipped (unchanged), last" if out.get("skipped") else ""
             console.print(f"  {stage:<12} {how} MLflow run {out['mlflow_run_id']}")
-    if "evaluate" in res and res["evaluate"].get("pass_at_k"):
-        _print_counts(res["evaluate"]["pass_at_k"], title=f"eval pass@k ({res['evaluate'].get('model')})")
     if "evaluate" in res and res["evaluate"].get("ladder"):
         _print_ladder(res["evaluate"]["ladder"])
+    elif "evaluate" in res and res["evaluate"].get("pass_at_k"):
+        _print_counts(res["evaluate"]["pass_at_k"], title=f"eval pass@k ({res['evaluate'].get('model')})")
     if "audit" in res and isinstance(res["audit"], dict) and "checks" in res["audit"]:
         _print_audit(res["audit"])
     console.print(f"pipeline MLflow run: {res.get('mlflow_run_id')}   wall time {elapsed:.0f}s")
