@@ -138,6 +138,7 @@ def test_dedup_stages_reference_and_keep_rule(wh, semantic_cfg):
         assert stage.rows_in == stage.kept + stage.removed_total
     pools = pl.concat([wh.read("sft_pool"), wh.read("rl_pool")])
     assert pools.height == res.stages["curate.split"].kept == 8 - 4
+    assert set(pl.concat(by_stage.values())["reference_id"]) <= set(pools["id"])   # every match is a kept row
 
 
 def test_incremental_rerun_processes_only_new_rows(wh, semantic_cfg):

@@ -7,7 +7,8 @@ the warehouse) and decontaminated against every benchmark item. Pool rows are re
 only against benchmark items added since they were last checked.
 
 Node numbering for the duplicate-link graph: old pool rows first (0..n_old-1), then this
-run's candidate rows in keep-rule order, so "earlier" always means "preferred".
+run's candidate rows. Which member of a duplicate cluster stays is decided per cluster by
+``tasks.curate.keep_rule`` (earlier-kept, checkable answer, source priority, medoid).
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import numpy as np
 import polars as pl
 
 from data_specs import get_spec
+from tasks.curate import dedup as dd
+from tasks.curate import keep_rule as kr
 from tasks.curate import minhash as mh
 from tasks.curate.accounting import DecisionLog, StageCount
 from tasks.curate.config import CurateConfig, FilterConfig, MinHashConfig, SemanticConfig
@@ -174,12 +177,11 @@ def _processed_ids(wh: Warehouse, old: pl.DataFrame) -> pl.Series:
 
 
 def _with_rank(cand: pl.DataFrame, cfg: CurateConfig) -> pl.DataFrame:
-    """Keep rule: checkable answer first, then source priority, then longer prompt, then id."""
+    """Source priority per row (read by the keep rule); rows in a deterministic order."""
     priority = cand["source"].replace_strict(cfg.source_priority, default=DEFAULT_SOURCE_PRIORITY,
                                              return_dtype=pl.Int64) if cand.height else pl.Series([], dtype=pl.Int64)
-    return (cand.with_columns(priority.alias("_priority"), pl.col("prompt").str.len_chars().alias("_len"))
-            .sort(["verifiable", "_priority", "_len", "id"], descending=[True, False, True, False])
-            .drop("_priority", "_len"))
+    return (cand.with_columns(priority.alias("_priority"))
+            .sort(["verifiable", "_priority", "id"], descending=[True, False, False]))
 
 
 def _verifiable(domain: str, answer: str | None, tests: str | None) -> bool:
@@ -206,12 +208,39 @@ class Curation:
         self.alive = np.ones(0, bool)       # per node
         self.graph = LinkGraph(0)
         self.node_ids: list[str] = []
+        self.dups = dd.DuplicateClusters(0, 0, self._standing, self._word_ids)
+        self._words: dict[int, np.ndarray] = {}
+        self._vocab: dict[str, int] = {}
 
     # nodes
     def _remove(self, stage: str, node: int, reason: str, ref: str | None, score: float | None) -> None:
         self.alive[node] = False
         self.log.removed(stage, self.node_ids[node], reason, ref, score)
         self.stages[stage].removed[reason] += 1
+
+    # duplicate clusters (tasks.curate.dedup): stages add links, settle_duplicates decides
+    def _word_ids(self, node: int) -> np.ndarray:
+        """Words as written (case and punctuation kept) as vocabulary ids, for the keep rule's edit distances."""
+        if node not in self._words:
+            words = (self._prompt(node) or "").split()
+            self._words[node] = np.array([self._vocab.setdefault(w, len(self._vocab)) for w in words], dtype=np.int64)
+        return self._words[node]
+
+    def _standing(self, node: int) -> kr.Standing:
+        i = node - self.n_old
+        return kr.Standing(bool(self.cand["verifiable"][i]), int(self.cand["_priority"][i]),
+                           self.cand["rewritten"][i] is not None, len(self._word_ids(node)), self.node_ids[node])
+
+    def settle_duplicates(self) -> None:
+        """One keep decision per duplicate cluster; each removed row names the kept row it links to."""
+        new_nodes = np.arange(self.n_old, len(self.node_ids))
+        removed = self.dups.settle(new_nodes.tolist())
+        self.alive[new_nodes] = True
+        for r in sorted(removed.values(), key=lambda r: r.row):
+            self.alive[r.row] = False
+            self.log.removed(dd.STAGES[r.stage], self.node_ids[r.row], dd.REASONS[r.stage],
+                             self.node_ids[r.kept], r.score)
+        self.stages.update({sc.stage: sc for sc in dd.stage_counts(len(new_nodes), removed.values())})
 
     def _alive_new(self) -> np.ndarray:
         return np.flatnonzero(self.alive[self.n_old:]) + self.n_old
@@ -257,25 +286,25 @@ class Curation:
         self.node_ids = self.old["id"].to_list() + self.cand["id"].to_list()
         self.alive = np.ones(len(self.node_ids), bool)
         self.graph = LinkGraph(len(self.node_ids))
+        self.dups = dd.DuplicateClusters(len(self.node_ids), self.n_old, self._standing, self._word_ids)
 
     def exact(self) -> None:
-        nodes = self._alive_new()
-        self._begin("curate.exact", nodes)
-        seen = {h: i for i, h in reversed(list(enumerate(self.old["text_hash"].to_list())))}
-        norms = self.cand["_norm"].to_list()
-        for node, h in zip(nodes, self.cand["text_hash"].to_list()):
-            if not norms[node - self.n_old]:
-                continue  # nothing left after normalization: no key to compare
-            if h in seen:
-                self._remove("curate.exact", node, "exact_duplicate", self.node_ids[seen[h]], 1.0)
-                self.graph.add([node], [seen[h]])
-            else:
-                seen[h] = node
-        self._end("curate.exact", nodes)
+        """Rows with the same normalized text become one unit (a pool row's, when one has that text)."""
+        old_first = {h: i for i, h in reversed(list(enumerate(self.old["text_hash"].to_list())))}
+        groups: dict[str, list[int]] = {}
+        for node, h, norm in zip(self._alive_new().tolist(), self.cand["text_hash"].to_list(),
+                                 self.cand["_norm"].to_list()):
+            if norm:   # nothing left after normalization: no key to compare
+                groups.setdefault(h, []).append(node)
+        for h, members in groups.items():
+            unit = old_first[h] if h in old_first else self.dups.rank_rows(members, members)[0]
+            self.dups.join(unit, members)
+            others = np.array([m for m in members if m != unit], dtype=np.int64)
+            self.alive[others] = False      # later stages look at one row per unit
+            self.graph.add(others, np.full(len(others), unit))
 
     def minhash(self) -> None:
         new_nodes = self._alive_new()
-        self._begin("curate.minhash", new_nodes)
         old_norm = normalize_series(self.old["prompt"]).to_list()
         sig_old = self.signatures.signatures(self.old["id"].to_list(), old_norm, self.old["text_hash"].to_list())
         local_new = new_nodes - self.n_old
@@ -286,28 +315,15 @@ class Curation:
         node_of = np.r_[np.arange(self.n_old), new_nodes]          # signature row -> node
         found = mh.near_duplicate_edges(sig, self.cfg.minhash)
         self.sims["minhash_candidate_jaccard"] = found.candidate_jaccard
-        pairs = found.pairs[(found.pairs >= self.n_old).any(axis=1)]   # old-old links were settled before
-        self.graph.add(node_of[pairs[:, 0]], node_of[pairs[:, 1]])
-        labels = mh.components(len(sig), pairs)
-        by_label: dict[int, list[int]] = {}
-        for r in np.flatnonzero(np.isin(labels, labels[pairs.ravel()])) if len(pairs) else []:
-            by_label.setdefault(int(labels[r]), []).append(int(r))
-        for members in by_label.values():
-            old = [r for r in members if r < self.n_old]
-            new = sorted(r for r in members if r >= self.n_old)   # signature rows follow keep-rule order
-            if not new:
-                continue
-            keepers = old or [new[0]]
-            for r in (new if old else new[1:]):
-                jac = (sig[keepers] == sig[r]).mean(axis=1)
-                best = keepers[int(jac.argmax())]
-                self._remove("curate.minhash", int(node_of[r]), "near_duplicate_minhash",
-                             self.node_ids[int(node_of[best])], float(jac.max()))
-        self._end("curate.minhash", new_nodes)
+        new_link = (found.pairs >= self.n_old).any(axis=1)   # old-old links were settled before
+        pairs = node_of[found.pairs[new_link]]
+        self.graph.add(pairs[:, 0], pairs[:, 1])
+        self.dups.add_links(dd.MINHASH, pairs, found.jaccard[new_link])
+        # the semantic stage encodes one unit per MinHash cluster (the others join in if it links that one)
+        self.alive[np.array(self.dups.provisional_removals(), dtype=np.int64)] = False
 
     def semantic(self) -> None:
         new_nodes = self._alive_new()
-        self._begin("curate.semantic", new_nodes)
         t, block = self.cfg.semantic.threshold, self.cfg.semantic.block_rows
         emb_new = self._embed(new_nodes)
         emb_old = self._embed(np.arange(self.n_old))
@@ -316,24 +332,34 @@ class Curation:
         within = neighbours_above(emb_new, emb_new, t, block, earlier_only=True)
         self.graph.add(new_nodes[within.query], new_nodes[within.target])
         self.sims["semantic_nearest_cosine"] = np.maximum(vs_old.best, within.best)
-        best_old: dict[int, tuple[float, int]] = {}
-        for q, tg, s in zip(vs_old.query, vs_old.target, vs_old.score):
-            if s > best_old.get(int(q), (-2.0, -1))[0]:
-                best_old[int(q)] = (float(s), int(tg))
-        earlier: dict[int, list[tuple[float, int]]] = {}
-        for q, tg, s in zip(within.query, within.target, within.score):
-            earlier.setdefault(int(q), []).append((float(s), int(tg)))
-        kept_local = np.ones(len(new_nodes), bool)
-        for q in range(len(new_nodes)):    # keep-rule order: an earlier kept neighbour wins
-            candidates = [(s, new_nodes[tg]) for s, tg in earlier.get(q, []) if kept_local[tg]]
-            if q in best_old:
-                candidates.append((best_old[q][0], best_old[q][1]))
-            if candidates:
-                s, ref = max(candidates)
-                kept_local[q] = False
-                self._remove("curate.semantic", int(new_nodes[q]), "near_duplicate_semantic",
-                             self.node_ids[int(ref)], s)
-        self._end("curate.semantic", new_nodes)
+        pairs = np.concatenate([np.stack([new_nodes[vs_old.query], vs_old.target], axis=1),
+                                np.stack([new_nodes[within.query], new_nodes[within.target]], axis=1)])
+        self.dups.add_links(dd.SEMANTIC, pairs, np.concatenate([vs_old.score, within.score]))
+        vectors = dict(enumerate(emb_old)) | dict(zip(new_nodes.tolist(), emb_new))
+        self._link_set_aside(vectors)
+
+    def _link_set_aside(self, vectors: dict[int, np.ndarray]) -> None:
+        """Encodes the units MinHash set aside in clusters the semantic stage linked, and links them.
+
+        The keep decision then sees every member of those clusters (the original may be among them).
+        """
+        touched = [m for m in self.dups.clusters() if self.dups.linked_by(m, dd.SEMANTIC)]
+        aside = sorted({u for m in touched for u in m if u not in vectors})
+        if not aside:
+            return
+        vectors |= dict(zip(aside, self._embed(np.array(aside, dtype=np.int64))))
+        aside_set = set(aside)
+        for members in touched:
+            mine = [u for u in members if u in aside_set]
+            if not mine:
+                continue
+            sims = np.stack([vectors[u] for u in mine]) @ np.stack([vectors[u] for u in members]).T
+            rows, cols = np.nonzero(sims >= self.cfg.semantic.threshold)
+            pairs = np.array([[mine[r], members[c]] for r, c in zip(rows, cols)], dtype=np.int64).reshape(-1, 2)
+            keep = pairs[:, 0] != pairs[:, 1]
+            pairs, rows, cols = pairs[keep], rows[keep], cols[keep]
+            self.graph.add(pairs[:, 0], pairs[:, 1])
+            self.dups.add_links(dd.SEMANTIC, pairs, sims[rows, cols])
 
     def _embed(self, nodes: np.ndarray) -> np.ndarray:
         texts = [self._prompt(int(n)) for n in nodes]
@@ -447,9 +473,7 @@ def run_curate(wh: Warehouse, cfg: CurateConfig | None = None, *, run_id: str | 
     cur.minhash()
     if cfg.semantic.enabled:
         cur.semantic()
-    else:
-        cur._begin("curate.semantic", cur._alive_new())
-        cur._end("curate.semantic", cur._alive_new())
+    cur.settle_duplicates()
     fresh_items = cur.decontaminate(bench, checked)
     pool, cluster = cur.split()
 

@@ -1,0 +1,156 @@
+"""Duplicate clusters across the dedup stages, and one keep decision per cluster.
+
+The exact, MinHash and semantic stages find links; which row a cluster keeps is decided once,
+after all of them, so it is chosen with every member in view. (Deciding stage by stage let
+a MinHash pair settle on a trimmed copy before the semantic stage had found the rest of
+the cluster, and left earlier decisions naming rows a later stage removed.)
+
+Rows whose normalized text is identical form a unit; links join units (a row is linked
+wherever its unit is). A cluster is a connected set of units. In each, ``keep_rule`` ranks
+the rows of the new units; rows kept by earlier runs stay. The decision for a removed row
+names the kept row it is directly linked to, the stage of that link (the strongest kind when
+several link them: exact, then MinHash, then semantic) and the link's score, and the row
+counts as removed by that stage.
+
+The stages still shrink their working set to save work: MinHash hashes one row per unit and
+the semantic stage encodes one unit per MinHash cluster (``provisional_removals``).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from tasks.curate import keep_rule as kr
+from tasks.curate.accounting import StageCount
+from tasks.curate.minhash import components
+
+STAGES = ("curate.exact", "curate.minhash", "curate.semantic")
+REASONS = ("exact_duplicate", "near_duplicate_minhash", "near_duplicate_semantic")
+EXACT, MINHASH, SEMANTIC = range(3)
+
+
+@dataclass(frozen=True)
+class Removal:
+    row: int
+    kept: int
+    stage: int     # index into STAGES
+    score: float
+
+
+class DuplicateClusters:
+    """Units, links between them, and the keep decision. Nodes below ``n_old`` are kept pool rows."""
+
+    def __init__(self, n_nodes: int, n_old: int, standing: Callable[[int], kr.Standing],
+                 words: Callable[[int], np.ndarray]):
+        self.n_old, self.standing, self.words = n_old, standing, words
+        self.unit = np.arange(n_nodes)
+        self.rows_of: dict[int, list[int]] = {}                     # unit -> its rows, when not just itself
+        self.links: dict[int, dict[int, tuple[int, float]]] = {}   # unit -> {unit: (stage, score)}
+        self._distances: dict[tuple[int, int], int] = {}           # decide() runs after MinHash and at the end
+
+    # building
+    def join(self, unit: int, rows: list[int]) -> None:
+        """Rows with the normalized text of ``unit`` (a pool row, or the best of them) join it."""
+        if rows == [unit]:
+            return
+        self.unit[rows] = unit
+        self.rows_of[unit] = sorted(set(self.rows(unit)) | set(rows))
+
+    def rows(self, unit: int) -> list[int]:
+        return self.rows_of.get(unit, [unit])
+
+    def add_links(self, stage: int, pairs: np.ndarray, scores: np.ndarray) -> None:
+        for (a, b), score in zip(pairs.tolist(), scores.tolist()):
+            a, b = int(self.unit[a]), int(self.unit[b])
+            if a == b or (a < self.n_old and b < self.n_old):
+                continue   # old pool rows were settled by the run that kept them
+            link = self.links.get(a, {}).get(b)
+            if link is None or (stage, -score) < (link[0], -link[1]):
+                self.links.setdefault(a, {})[b] = self.links.setdefault(b, {})[a] = (stage, float(score))
+
+    def clusters(self) -> list[list[int]]:
+        """Linked units, grouped (units without links are left out)."""
+        units = np.array(sorted(self.links), dtype=np.int64)
+        if not len(units):
+            return []
+        pairs = np.array([(a, b) for a, nb in self.links.items() for b in nb if a < b], dtype=np.int64)
+        labels = components(len(units), np.searchsorted(units, pairs))
+        grouped: dict[int, list[int]] = {}
+        for unit, label in zip(units.tolist(), labels.tolist()):
+            grouped.setdefault(label, []).append(unit)
+        return list(grouped.values())
+
+    def linked_by(self, members: list[int], stage: int) -> bool:
+        return any(link[0] == stage for u in members for link in self.links.get(u, {}).values())
+
+    # deciding
+    def rank_rows(self, rows: list[int], context: list[int]) -> list[int]:
+        """Rows best first by the keep rule, their medoid costs taken against ``context`` rows."""
+        if len(rows) < 2:
+            return list(rows)
+        sample = kr.evenly(context)
+        costs = [sum(self._distance(r, c) for c in sample) for r in rows]
+        return kr.rank(rows, costs, {r: self.standing(r) for r in rows})
+
+    def _distance(self, a: int, b: int) -> int:
+        key = (min(a, b), max(a, b))
+        if key not in self._distances:
+            self._distances[key] = 0 if a == b else kr.capped_distance(self.words(a), self.words(b))
+        return self._distances[key]
+
+    def decide(self) -> tuple[dict[int, tuple[int, int, float]], dict[int, int]]:
+        """({removed unit: (kept unit, stage, score)}, {new linked unit: its best row}), from the links so far.
+
+        Rows are ranked, not units: rows of one unit differ in case and punctuation, and the
+        rest of the cluster tells which of them is written like the others.
+        """
+        removed: dict[int, tuple[int, int, float]] = {}
+        best: dict[int, int] = {}
+        for members in self.clusters():
+            new = [u for u in members if u >= self.n_old]
+            ranked = self.rank_rows([r for u in new for r in self.rows(u)], [r for u in members for r in self.rows(u)])
+            units = []
+            for row in ranked:
+                unit = int(self.unit[row])
+                if unit not in best:
+                    best[unit] = row
+                    units.append(unit)
+            removed.update(kr.removals(units, [u for u in members if u < self.n_old], self.links))
+        return removed, best
+
+    def provisional_removals(self) -> list[int]:
+        """Units a later stage need not look at (the final decision may still keep one)."""
+        return sorted(self.decide()[0])
+
+    def settle(self, rows: Iterable[int]) -> dict[int, Removal]:
+        """{removed row: Removal} for these new rows, once every stage has added its links."""
+        removed, best = self.decide()
+
+        def kept_row(unit: int) -> int:   # a pool row, a cluster's choice, or an unlinked unit's own best
+            return best.get(unit, unit)
+
+        out: dict[int, Removal] = {}
+        for row in rows:
+            unit = int(self.unit[row])
+            if unit in removed:
+                kept, stage, score = removed[unit]
+                out[row] = Removal(row, kept_row(kept), stage, score)
+            elif row != kept_row(unit):
+                out[row] = Removal(row, kept_row(unit), EXACT, 1.0)
+        return out
+
+
+def stage_counts(rows_in: int, removed: Iterable[Removal]) -> list[StageCount]:
+    """Per dedup stage: rows in, kept, removed by reason (each stage takes what the last kept)."""
+    by_stage = Counter(r.stage for r in removed)
+    out = []
+    for i, stage in enumerate(STAGES):
+        sc = StageCount(stage, rows_in=rows_in, kept=rows_in - by_stage[i])
+        if by_stage[i]:
+            sc.removed[REASONS[i]] = by_stage[i]
+        out.append(sc.check())
+        rows_in = sc.kept
+    return out
