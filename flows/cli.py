@@ -358,9 +358,8 @@ def _print_ladder(ladder: dict) -> None:
         t.add_column(s, justify="right")
     t.add_column("RL - SFT", justify="right")
     sft = next((s for s in reversed(stages) if s.startswith("sft")), None)
-    # synthetic families first, their mean, then the public benchmarks
-    order = sorted(ladder, key=lambda b: (not b.startswith("synthetic_heldout/"), b != "synthetic_heldout", b))
-    for bench in order:
+    from tasks.evaluate import ladder_order
+    for bench in ladder_order(ladder):
         by_stage = ladder[bench]
         delta = by_stage["rl"] - by_stage[sft] if sft and "rl" in by_stage and sft in by_stage else None
         t.add_row(bench, *[f"{by_stage[s]:.2f}" if s in by_stage else "" for s in stages],

@@ -26,7 +26,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from tasks import tracking
-from tasks.evaluate import ladder_figure
+from tasks.evaluate import ladder_figure, ladder_order
 from warehouse import Warehouse
 
 EVAL_METRIC = re.compile(r"^eval\.(?P<benchmark>.+)\.pass_at_(?P<k>\d+)$")
@@ -145,7 +145,8 @@ def eval_ladder(family: RunFamily) -> dict[str, dict[str, float]]:
 
 def ladder_frame(ladder: dict[str, dict[str, float]]) -> pl.DataFrame:
     stages = list(dict.fromkeys(s for v in ladder.values() for s in v))
-    rows = [{"benchmark": b, **{s: v.get(s) for s in stages}} for b, v in ladder.items()]
+    rows = [{"benchmark": b, **{s: None if ladder[b].get(s) is None else round(ladder[b][s], 3) for s in stages}}
+            for b in ladder_order(ladder)]
     return pl.DataFrame(rows) if rows else pl.DataFrame()
 
 

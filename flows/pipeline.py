@@ -73,12 +73,13 @@ STAGES: dict[str, Stage] = {
         inputs=("task_calibration",), sections=("synthesize",),
         extra_key=lambda: _package_versions("reasoning-gym"),
     ),
-    "references": Stage(
-        "references", lambda profile, home: references_flow(profile=profile, home=home),
-        inputs=("sft_pool", "prompts"), sections=("references", "rollout"),
-    ),
     "sft_short": _train_stage("sft_short", ("sft_pool", "synthetic_tasks"), ()),
     "sft_long": _train_stage("sft_long", ("sft_pool", "synthetic_tasks"), ("sft_short",)),
+    # after SFT: a judge set to `policy` is the SFT model, which learned the verdict format
+    "references": Stage(
+        "references", lambda profile, home: references_flow(profile=profile, home=home),
+        inputs=("sft_pool", "prompts"), sections=("references", "rollout"), after=("sft_long",),
+    ),
     "dpo_short": _train_stage("dpo_short", ("sft_pool", "references", "synthetic_tasks"), ("sft_long",)),
     "dpo_long": _train_stage("dpo_long", ("sft_pool", "references", "synthetic_tasks"), ("dpo_short",)),
     # after DPO: with `difficulty.model: policy` it bands prompts by the model RL starts from

@@ -43,6 +43,7 @@ class SyntheticHeldout(BaseModel):
     tasks: list[str] | None = Field(None, description="own task names or rg:<dataset>; None = every own task")
     per_task: int = Field(8, ge=1)
     levels: list[int] | None = Field(None, description="None: every level of the task, round-robin")
+    levels_by_task: dict[str, list[int]] = Field(default_factory=dict, description="levels for particular tasks")
     max_draws_per_instance: int = Field(4, ge=1, description="draws allowed per wanted instance")
 
 
@@ -194,7 +195,8 @@ def heldout_synthetic_items(spec: SyntheticHeldout, training_ids: set[str]) -> H
     out = HeldoutDraw()
     for name in spec.tasks if spec.tasks is not None else own_task_names():
         task = get_task(name)
-        levels = spec.levels if spec.levels is not None else list(range(task.n_levels))
+        levels = spec.levels_by_task.get(name, spec.levels)
+        levels = levels if levels is not None else list(range(task.n_levels))
         bad = [lv for lv in levels if not 0 <= lv < task.n_levels]
         if bad or not levels:
             raise ValueError(f"evaluate.synthetic.levels {bad or levels} not usable for task {name!r} "
@@ -300,6 +302,11 @@ def ladder_table(summary: pl.DataFrame, k: int = 1) -> dict[str, dict[str, float
     for r in rows.iter_rows(named=True):
         out.setdefault(r["benchmark"], {})[r["stage"]] = r["pass_at_k"]
     return out
+
+
+def ladder_order(ladder: dict) -> list[str]:
+    """Benchmarks to show: synthetic families first, then their mean, then the public benchmarks."""
+    return sorted(ladder, key=lambda b: (not b.startswith(f"{SYNTHETIC_BENCHMARK}/"), b != SYNTHETIC_BENCHMARK, b))
 
 
 def ladder_figure(ladder: dict[str, dict[str, float]], title: str):

@@ -120,14 +120,14 @@ def generate_task_instances(task_name: str, levels: list[int], per_task: int, se
     return {"task": task_name, "rows": rows, "duplicates": duplicates, "draws": draw}
 
 
-def _generate_all(plan: list[tuple[str, list[int], str]], per_task: int, seed: int,
+def _generate_all(plan: list[tuple[str, list[int], str, int]], seed: int,
                   max_draws: int, split: SyntheticSplitConfig) -> list[dict[str, Any]]:
     if _in_prefect_flow():   # one task run per synthetic task, on the flow's task runner
-        futures = [generate_task_instances.submit(name, levels, per_task, seed, max_draws, source, split)
-                   for name, levels, source in plan]
+        futures = [generate_task_instances.submit(name, levels, count, seed, max_draws, source, split)
+                   for name, levels, source, count in plan]
         return [f.result() for f in futures]
-    return [generate_task_instances.fn(name, levels, per_task, seed, max_draws, source, split)
-            for name, levels, source in plan]
+    return [generate_task_instances.fn(name, levels, count, seed, max_draws, source, split)
+            for name, levels, source, count in plan]
 
 
 def level_distribution_figure(counts: dict[str, Counter]):
@@ -173,7 +173,7 @@ def _write_synthesis(wh: Warehouse, results: list[dict[str, Any]], plan: list, c
         "prompt": pl.Utf8, "question": pl.Utf8, "answer": pl.Utf8, "metadata": pl.Utf8,
         "domain": pl.Utf8, "level_source": pl.Utf8, "cluster_id": pl.Utf8, "split": pl.Utf8,
     })
-    calibrated = any(source == "calibrated" for *_, source in plan)
+    calibrated = any(source == "calibrated" for _, _, source, _ in plan)
     parents = (calibration_ref,) if calibration_ref is not None and calibrated else ()
     ref = wh.write(SYNTHETIC_TABLE, frame, mode="replace", parents=parents)
     duplicates = [{"row_id": d["row_id"], "stage": DEDUP_STAGE, "decision": "removed",
@@ -207,10 +207,10 @@ def run_synthesis(wh: Warehouse, cfg: SynthesizeConfig, per_task: int | None = N
         if not levels:
             skipped.append(synth_task.name)
             continue
-        plan.append((synth_task.name, levels, source))
+        plan.append((synth_task.name, levels, source, cfg.per_task_by_task.get(synth_task.name, per_task)))
 
     with tracking.stage_run("synthesize", {"per_task": per_task, "seed": seed, "tasks": json.dumps(names)}) as run_id:
-        results = _generate_all(plan, per_task, seed, cfg.max_draws_per_instance, cfg.split)
+        results = _generate_all(plan, seed, cfg.max_draws_per_instance, cfg.split)
         ref = _write_synthesis(wh, results, plan, calibration_ref, run_id)
         counts = {r["task"]: Counter(row["level"] for row in r["rows"]) for r in results}
         n_duplicates = {r["task"]: len(r["duplicates"]) for r in results}

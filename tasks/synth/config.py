@@ -37,6 +37,8 @@ class SynthesizeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # M1 used ~53K samples over 41 tasks: about 1,300 per task
     per_task: int = Field(1300, ge=1)
+    # instances for particular tasks instead of per_task (e.g. more of the families a run trains on)
+    per_task_by_task: dict[str, int] = Field(default_factory=dict)
     # None: every own task; names are own task names or "rg:<reasoning-gym dataset>"
     tasks: list[str] | None = None
     reasoning_gym: list[str] = Field(default_factory=list)   # extra rg datasets (without "rg:")

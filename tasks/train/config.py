@@ -180,13 +180,16 @@ class BaseModelConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    max_sft_examples: int = Field(100_000, ge=1)
-    max_dpo_pairs: int = Field(50_000, ge=1)
+    max_sft_examples: int = Field(100_000, ge=1, description="per SFT stage (short, long)")
+    max_dpo_pairs: int = Field(50_000, ge=1, description="per DPO stage (short, long)")
     synthetic_per_task: int | None = Field(None, ge=1, description="cap per synthetic task in SFT and RL")
     dpo_perturbed_negatives: bool = Field(True, description="wrong answers from task perturbations when no wrong rollout exists")
     verify_chosen: bool = Field(True, description="check chosen responses with the verifiers")
     rl_requires_difficulty: bool = Field(
         True, description="RL trains only on prompts a difficulty run kept; off: undecided prompts train too")
+    judge_examples_per_task: int = Field(
+        0, ge=0, description="GenRM pairwise examples (gold vs a rejected perturbation, verdict as response) "
+                             "per SFT-side synthetic task added to sft_data; 0 = none")
 
 
 class TrainConfig(_Strict):

@@ -186,12 +186,29 @@ def sft_source_rows(wh: Warehouse, cfg: TrainConfig) -> tuple[list[dict], list[T
     """Rows with (source_table, source_id, domain, prompt, response) from the SFT side."""
     refs: list[TableRef] = []
     rows = []
-    for pid, r in side_rows(wh, "sft", cfg, refs).items():
+    sft_side = side_rows(wh, "sft", cfg, refs)
+    for pid, r in sft_side.items():
         response = _gold_response(r)
         if response:
             rows.append({"source_table": r["_table"], "source_id": pid, "domain": r.get("domain") or "general",
                          "prompt": r.get("prompt") or "", "response": response})
+    if cfg.data.judge_examples_per_task:  # the GenRM verdict format, on pairs of SFT-side instances
+        from tasks.train.judge_data import judge_sft_rows
+        rows += judge_sft_rows(sft_side, cfg.data.judge_examples_per_task, cfg.seed)
     return rows, refs
+
+
+def _cap_per_stage(rows: list[dict], cap: int, report: BuildReport) -> list[dict]:
+    """At most ``cap`` rows per stage (short / long), in order; the rest counted as dropped."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in rows:
+        seen[r["stage"]] = seen.get(r["stage"], 0) + 1
+        if seen[r["stage"]] <= cap:
+            out.append(r)
+        else:
+            report.drop(f"over_max_{r['stage']}")
+    return out
 
 
 def build_sft_data(wh: Warehouse, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
@@ -210,7 +227,7 @@ def build_sft_data(wh: Warehouse, cfg: TrainConfig, tokenizer) -> tuple[pl.DataF
             continue
         out.append({**r, "example_id": _stable_id(r["source_table"], r["source_id"], r["response"]),
                     "stage": stage, "num_tokens": len(ids), "response_tokens": len(ids) - n_prompt})
-    out = out[: cfg.data.max_sft_examples]
+    out = _cap_per_stage(out, cfg.data.max_sft_examples, report)
     report.kept = len(out)
     frame = pl.DataFrame(out) if out else pl.DataFrame()
     if not frame.is_empty():
@@ -317,8 +334,7 @@ def build_dpo_pairs(wh: Warehouse, cfg: TrainConfig, tokenizer) -> tuple[pl.Data
                     "source_table": row["_table"], "domain": domain, "prompt": row["prompt"],
                     "chosen": good, "rejected": bad, "chosen_source": good_source,
                     "rejected_source": bad_source, "num_tokens": longest})
-        if len(out) >= cfg.data.max_dpo_pairs:
-            break
+    out = _cap_per_stage(out, cfg.data.max_dpo_pairs, report)
     report.kept = len(out)
     return (pl.DataFrame(out) if out else pl.DataFrame()), refs, report
 
