@@ -7,7 +7,7 @@ from flows.common import flow_context, flow_logger, report_progress
 from tasks.difficulty import DifficultyConfig, run_difficulty
 from tasks.rollout.config import RolloutConfig
 from tasks.rollout.factory import make_backend
-from tasks.train.registry import POLICY_MODEL, rl_start_model
+from tasks.genrm.models import resolve_model_name
 
 
 @flow(name="difficulty", log_prints=True)
@@ -25,9 +25,8 @@ def difficulty_flow(
     with flow_context("difficulty", profile, home, params, sections=("difficulty", "rollout")) as ctx:
         cfg = ctx.profile.section("difficulty", DifficultyConfig)
         rollout = ctx.profile.section("rollout", RolloutConfig)
-        chosen_model = model or cfg.model or rollout.model
-        if chosen_model == POLICY_MODEL:   # band by what the RL policy can do now
-            chosen_model = rl_start_model(ctx.wh)
+        # "policy": band by what the model RL starts from can do now
+        chosen_model = resolve_model_name(model or cfg.model or rollout.model, ctx.wh.home)
         backend = make_backend(rollout.model_copy(update={"model": chosen_model}))
         log.info("difficulty: sampling %s with %s (n=%d, max_tokens=%d)", tables, chosen_model,
                  cfg.sampling.n, cfg.sampling.max_tokens)

@@ -32,6 +32,7 @@ from tasks.genrm.length_bias import (
 )
 from tasks.genrm.references import build_backends, run_references
 from tasks.genrm.validation import judge_accuracy, run_judge_validation
+from tasks.genrm.models import resolve_rollout
 from tasks.rollout.factory import make_backend
 from warehouse import Warehouse
 
@@ -65,7 +66,7 @@ def references_flow(profile: str = "tiny", home: str | None = None, prompts: lis
     with flow_context(SECTION, profile, home, params, sections=(SECTION,)) as ctx:
         cfg = ctx.profile.section(SECTION, ReferencesConfig)
         wh = ctx.wh
-        judge_backend, backends = build_backends(cfg)
+        judge_backend, backends = build_backends(cfg, str(wh.home))
         judge = GenRMJudge(judge_backend, cfg.judge, seed=cfg.seed)
         report = tournaments_task(wh, cfg, judge, backends, prompts, ctx.run_id)
         for ref in report.inputs:
@@ -113,7 +114,8 @@ def recalibrate_flow(event: dict, profile: str = "tiny", home: str | None = None
                                       cfg.length_bias.min_group_size)
         accuracy = None
         if remeasure_judge and ctx.wh.exists("judge_benchmark"):
-            judge = GenRMJudge(make_backend(cfg.judge.rollout), cfg.judge, seed=cfg.seed)
+            judge = GenRMJudge(make_backend(resolve_rollout(cfg.judge.rollout, str(ctx.wh.home))), cfg.judge,
+                               seed=cfg.seed)
             accuracy = judge_accuracy(judge, ctx.wh.read("judge_benchmark"), ctx.run_id).metrics.get("accuracy")
         row = {"run_id": ctx.run_id, "judge_model": event.get("judge_model"), "trigger_step": event.get("step"),
                "method": method, "statistic": float(event["statistic"]),

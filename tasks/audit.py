@@ -92,15 +92,23 @@ def _latest(wh: Warehouse, name: str, snapshots: dict[str, str]) -> pl.DataFrame
     return wh.read(name, ref.snapshot)
 
 
+def _normalized(text: str | None) -> str:
+    return normalize_texts([text or ""])[0]
+
+
 def _hash(text: str | None) -> str:
-    return text_hash(normalize_texts([text or ""])[0])
+    return text_hash(_normalized(text))
 
 
 @dataclass
 class SideRow:
     table: str
-    prompt_hash: str
+    prompt: str          # normalized
     cluster: str
+
+    @property
+    def prompt_hash(self) -> str:
+        return text_hash(self.prompt)
 
 
 def _side_index(pools: dict[str, pl.DataFrame], synthetic: pl.DataFrame) -> dict[str, dict[str, SideRow]]:
@@ -109,13 +117,25 @@ def _side_index(pools: dict[str, pl.DataFrame], synthetic: pl.DataFrame) -> dict
     for side, name in POOL_OF_SIDE.items():
         df = pools[name]
         for r in df.iter_rows(named=True) if not df.is_empty() else ():
-            index[side][str(r["id"])] = SideRow(name, _hash(r["prompt"]), f"pool:{r['cluster_id']}")
+            index[side][str(r["id"])] = SideRow(name, _normalized(r["prompt"]), f"pool:{r['cluster_id']}")
     if not synthetic.is_empty():
         for r in synthetic.iter_rows(named=True):
             side = r.get("split")
             if side in index:
-                index[side][str(r["id"])] = SideRow("synthetic_tasks", _hash(r["prompt"]), f"synth:{r['cluster_id']}")
+                index[side][str(r["id"])] = SideRow("synthetic_tasks", _normalized(r["prompt"]),
+                                                    f"synth:{r['cluster_id']}")
     return index
+
+
+JUDGE_DOMAIN = "judge"
+
+
+def _same_prompt(row: dict, home: SideRow) -> bool:
+    """The training prompt is the curated one; a GenRM judge example quotes it inside its
+    judge prompt (tasks.train.judge_data), so it must contain it instead."""
+    if row.get("domain") == JUDGE_DOMAIN:
+        return home.table == "synthetic_tasks" and home.prompt in _normalized(row["prompt"])
+    return _hash(row["prompt"]) == home.prompt_hash
 
 
 def _check_side(table: str, df: pl.DataFrame, index: dict[str, dict[str, SideRow]]) -> AuditCheck:
@@ -131,7 +151,7 @@ def _check_side(table: str, df: pl.DataFrame, index: dict[str, dict[str, SideRow
             check.flag(f"{table} {r['source_table']}:{pid} comes from {where}")
         elif home.table != r["source_table"]:
             check.flag(f"{table} {pid} claims {r['source_table']} but lives in {home.table}")
-        elif _hash(r["prompt"]) != home.prompt_hash:
+        elif not _same_prompt(r, home):
             check.flag(f"{table} {pid}: prompt differs from the curated {home.table} text")
     return check
 

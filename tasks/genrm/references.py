@@ -21,6 +21,7 @@ from data_specs import get_spec
 from tasks.genrm.config import CandidateSource, PromptSelection, ReferencesConfig
 from tasks.genrm.consistency import JudgeSample, PairDecision
 from tasks.genrm.judge import Constraints, GenRMJudge, PairRequest, constraints_from_metadata
+from tasks.genrm.models import resolve_rollout
 from tasks.genrm.swiss import Pairing, Standing, SwissTournament, buchholz
 from tasks.ingest import normalize_text, stable_id
 from tasks.rollout.base import RolloutBackend
@@ -85,15 +86,17 @@ class ReferencesReport:
 
 # -- backends ------------------------------------------------------------------------------
 
-def build_backends(cfg: ReferencesConfig) -> tuple[RolloutBackend, dict[str, RolloutBackend]]:
+def build_backends(cfg: ReferencesConfig, home: str | None = None) -> tuple[RolloutBackend, dict[str, RolloutBackend]]:
     """The judge backend and one backend per 'backend' candidate source.
 
-    Sources whose model settings equal the judge's (or each other's) share one loaded
-    model: sampling settings are per call, so only the engine part must match.
+    Model names resolve against ``home`` first (``tasks.genrm.models``): ``policy`` is the
+    model RL starts from. Sources whose model settings equal the judge's (or each other's)
+    share one loaded model: sampling settings are per call, so only the engine part must match.
     """
     loaded: dict[str, RolloutBackend] = {}
 
     def engine(rollout: RolloutConfig) -> RolloutBackend:
+        rollout = resolve_rollout(rollout, home)
         key = json.dumps(rollout.model_dump(include={"backend", "model", "local", "openai", "vllm"}), sort_keys=True)
         if key not in loaded:
             loaded[key] = make_backend(rollout)

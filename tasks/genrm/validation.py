@@ -28,6 +28,7 @@ import polars as pl
 
 from data_specs import get_spec
 from tasks.genrm.config import ReferencesConfig
+from tasks.genrm.consistency import BACKWARD
 from tasks.genrm.judge import GenRMJudge, GradeRequest, PairRequest
 from tasks.genrm.references import judgment_rows
 from tasks.ingest import RawRecord, expand_paths, read_records, stable_id
@@ -38,6 +39,7 @@ from warehouse import TableRef, Warehouse
 
 log = logging.getLogger("posttrain.genrm.validation")
 ORIGIN_MATH = "math_perturbed"
+ORIGIN_SYNTHETIC = "synthetic"  # items' origin is "synthetic:<task>"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _PAIR_FIELDS = {"first": ("first", "response_a", "reference", "chosen_first"),
                 "second": ("second", "response_b", "response", "candidate")}
@@ -85,6 +87,47 @@ def math_benchmark_items(prompts: pl.DataFrame, n_items: int, seed: int) -> list
         for tag, response, label in (("right", right, 1), ("wrong", bad, 0)):
             items.append({**base, "item_id": stable_id(ORIGIN_MATH, row["id"], tag), "kind": "grade",
                           "ground_truth": gold, "first": None, "second": response, "label": label})
+    return items
+
+
+def synthetic_benchmark_items(tasks: Sequence[str], per_task: int, levels: Sequence[int], seed: int,
+                              training_ids: set[str] = frozenset(), max_draws: int = 4) -> list[dict]:
+    """Pairwise items from held-out synthetic instances: gold vs a verifier-rejected perturbation.
+
+    Instances come from the reserved negative seed range (``tasks.evaluate.heldout_seed``)
+    and any instance whose id is a training instance is skipped, so the judge is measured
+    on pairs it never trained on. Within a task the gold's slot alternates over the items
+    (balanced, so a judge that always answers one position scores exactly chance).
+    """
+    from tasks.evaluate import heldout_seed
+    from tasks.genrm.synthetic import judge_pair
+    from tasks.synth.registry import get_task
+
+    items = []
+    for name in tasks:
+        task = get_task(name)
+        origin = f"{ORIGIN_SYNTHETIC}:{name}"
+        rng = random.Random(f"judge-benchmark:{seed}:{name}")
+        seen: set[str] = set()
+        made, draw = 0, 0
+        while made < per_task and draw < per_task * max_draws:
+            level = levels[draw % len(levels)]
+            if not 0 <= level < task.n_levels:
+                raise ValueError(f"validation.synthetic_levels: level {level} outside 0..{task.n_levels - 1} "
+                                 f"for task {name!r}")
+            instance = task.generate(heldout_seed(draw), level)
+            draw += 1
+            if instance.id in training_ids or instance.id in seen:
+                continue
+            seen.add(instance.id)
+            pair = judge_pair(task, instance, gold_second=made % 2 == 1, rng=rng)
+            if pair is None:
+                continue
+            items.append({"item_id": stable_id(origin, instance.id, "pair"), "origin": origin, "kind": "pairwise",
+                          "prompt": pair.question, "ground_truth": pair.gold, "first": pair.first,
+                          "second": pair.second, "label": pair.label, "source_id": instance.id,
+                          "file": None, "line": None})
+            made += 1
     return items
 
 
@@ -171,6 +214,14 @@ def build_judge_benchmark(wh: Warehouse, cfg: ReferencesConfig, labelled_files: 
     if wh.exists("prompts") and cfg.validation.math_items:
         items += math_benchmark_items(wh.read("prompts"), cfg.validation.math_items, cfg.validation.seed)
         parents.append(wh.latest("prompts"))
+    v = cfg.validation
+    if v.synthetic_tasks and v.synthetic_items:
+        training_ids: set[str] = set()
+        if wh.exists("synthetic_tasks"):
+            training_ids = set(wh.read("synthetic_tasks")["id"].cast(pl.Utf8).to_list())
+            parents.append(wh.latest("synthetic_tasks"))
+        items += synthetic_benchmark_items(v.synthetic_tasks, v.synthetic_items, v.synthetic_levels, v.seed,
+                                           training_ids, v.synthetic_max_draws)
     user_items, bad = labelled_file_items(list(cfg.validation.labelled_files) + list(labelled_files), run_id)
     items += user_items
     if bad:
@@ -203,6 +254,13 @@ def judge_accuracy(judge: GenRMJudge, benchmark: pl.DataFrame, run_id: str | Non
         result.metrics["pairwise_accuracy"] = sum(hits) / len(hits)
         result.metrics["pairwise_unreadable"] = sum(d.verdict is None for d in decisions) / len(decisions)
         result.metrics["pairwise_items"] = float(len(pairs))
+        result.metrics.update(pairwise_sample_metrics(pairs, decisions, "pairwise"))
+        synthetic = [(r, d) for r, d in zip(pairs, decisions) if str(r["origin"]).startswith(ORIGIN_SYNTHETIC)]
+        if synthetic:
+            result.metrics.update(pairwise_sample_metrics(*zip(*synthetic), "synthetic"))
+            for origin in sorted({r["origin"] for r, _ in synthetic}):
+                mine = [(r, d) for r, d in synthetic if r["origin"] == origin]
+                result.metrics.update(pairwise_sample_metrics(*zip(*mine), origin.replace(":", "_")))
         for r, d in zip(pairs, decisions):
             result.judgments += judgment_rows(d.samples, run_id=run_id, context="benchmark", kind="pairwise",
                                               prompt_id=r["item_id"], match_id=None, first_id="first",
@@ -222,6 +280,27 @@ def judge_accuracy(judge: GenRMJudge, benchmark: pl.DataFrame, run_id: str | Non
     if any(w for w in weights):
         result.metrics["accuracy"] = sum((a or 0.0) * w for a, w in zip(scored, weights)) / sum(weights)
     return result
+
+
+def pairwise_sample_metrics(items: Sequence[dict], decisions: Sequence, prefix: str) -> dict[str, float]:
+    """Judge quality per raw sample and per decided pair, for one group of pairwise items.
+
+    ``<prefix>_parseable``: share of raw judge samples (every order, every blind sample)
+    the parser read; ``<prefix>_sample_accuracy``: share of raw samples whose verdict, put
+    back in the item's frame (a swapped order's verdict negated), equals the label, chance
+    0.5 on items labelled -1/1 (an unreadable sample counts as wrong);
+    ``<prefix>_decision_accuracy``: share of pairs whose consistent decision equals the
+    label (position switch and blind votes applied; disagreement reads as a tie).
+    """
+    samples = [(r, s) for r, d in zip(items, decisions) for s in d.samples]
+    parsed = [s for _, s in samples if s.parsed.status == "ok"]
+    right = sum(1 for r, s in samples if s.parsed.status == "ok"
+                and (-s.parsed.value if s.order == BACKWARD else s.parsed.value) == r["label"])
+    n = len(samples)
+    return {f"{prefix}_parseable": len(parsed) / n if n else 0.0,
+            f"{prefix}_sample_accuracy": right / n if n else 0.0,
+            f"{prefix}_decision_accuracy": sum(d.verdict == r["label"] for r, d in zip(items, decisions)) / len(items),
+            f"{prefix}_samples": float(n)}
 
 
 def best_of_n_choice(rewards: Sequence[float | None], rng: random.Random) -> int:

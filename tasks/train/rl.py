@@ -287,15 +287,12 @@ def load_pool(h: StageHarness) -> list[dict]:
 
 
 def judge_backend_factory(rollout: RolloutConfig, home: str) -> JudgeFactory:
-    """Builds the judge's rollout backend on first use (the tiny alias lives under the job's home)."""
+    """Builds the judge's rollout backend on first use ("policy" and the tiny alias resolve under the job's home)."""
     def build() -> RolloutBackend:
+        from tasks.genrm.models import resolve_rollout
         from tasks.rollout.factory import make_backend
-        from tasks.rollout.tiny_model import TINY_LLAMA_NAME, tiny_llama_path
 
-        resolved = rollout
-        if rollout.model == TINY_LLAMA_NAME:
-            resolved = rollout.model_copy(update={"model": str(tiny_llama_path(home))})
-        return make_backend(resolved)
+        return make_backend(resolve_rollout(rollout, home))
     return build
 
 

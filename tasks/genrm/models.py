@@ -1,0 +1,40 @@
+"""Which model a judge (or a candidate source) runs: profile aliases resolved against a home.
+
+``rollout.model`` may name:
+- ``"policy"`` (``tasks.train.registry.POLICY_MODEL``): the model RL starts from, the
+  newest pre-RL row of the home's ``models`` table. A policy SFT-trained on the verdict
+  format (``tasks.train.judge_data``) is then its own GenRM judge, as in MiniMax-M1 where
+  the reward model is trained from the policy's own lineage.
+- ``"tiny-llama"``: the cached random tiny Llama under the home's ``models`` directory.
+- anything else: passed on (another alias or a path, resolved by ``make_backend``).
+
+The references flow (``tasks.genrm.references.build_backends``) and the RL stage's GenRM
+judge (``tasks.train.rl.judge_backend_factory``) both resolve through ``resolve_rollout``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tasks.rollout.config import RolloutConfig
+
+
+def resolve_model_name(model: str, home: str | Path | None) -> str:
+    """A concrete model path for the home-relative aliases; other names unchanged."""
+    from tasks.rollout.tiny_model import TINY_LLAMA_NAME, tiny_llama_path
+    from tasks.train.registry import POLICY_MODEL, rl_start_model
+
+    if model == POLICY_MODEL:
+        from warehouse import Warehouse
+
+        return rl_start_model(Warehouse(home))
+    if model == TINY_LLAMA_NAME:
+        return str(tiny_llama_path(home))
+    return model
+
+
+def resolve_rollout(rollout: RolloutConfig, home: str | Path | None) -> RolloutConfig:
+    """``rollout`` with its model resolved (the same object when nothing needs resolving)."""
+    if rollout.backend not in ("local", "vllm"):
+        return rollout  # an API backend names its model server-side
+    resolved = resolve_model_name(rollout.model, home)
+    return rollout if resolved == rollout.model else rollout.model_copy(update={"model": resolved})

@@ -1,0 +1,175 @@
+"""The GenRM judge learned inside SFT: well-formed verdict examples, the held-out judge
+benchmark, the ``policy`` judge model, and a small SFT-trained model that answers in the
+verdict format."""
+import random
+
+import polars as pl
+import pytest
+import torch
+
+from tasks.genrm.parse import parse_pairwise
+from tasks.genrm.prompts import pairwise_prompt
+from tasks.genrm.synthetic import answer_text, judge_pair, verdict_text
+from tasks.synth.registry import get_task
+from tasks.synthesize import generate_task_instances
+from tasks.train.config import TrainConfig
+from tasks.train.judge_data import JUDGE_DOMAIN, judge_sft_rows
+
+TASKS = ["web_of_lies", "object_properties", "object_counting"]
+
+
+def synthetic_rows(per_task: int = 40) -> list[dict]:
+    rows = []
+    for name in TASKS:
+        rows += generate_task_instances.fn(name, [0], per_task, 0, 3, "configured")["rows"]
+    return rows
+
+
+def side(rows: list[dict], split: str = "sft") -> dict[str, dict]:
+    return {r["id"]: {**r, "_table": "synthetic_tasks"} for r in rows if r["split"] == split}
+
+
+def test_verdict_text_reads_back_as_its_label():
+    for label in (-1, 0, 1):
+        assert parse_pairwise(verdict_text(label)).value == label
+
+
+def test_judge_examples_are_well_formed_balanced_and_from_sft_instances():
+    rows = synthetic_rows()
+    sft = side(rows)
+    examples = judge_sft_rows(sft, per_task=12, seed=0)
+    assert examples == judge_sft_rows(sft, per_task=12, seed=0)          # seeded
+    assert len(examples) == 12 * len(TASKS)
+    labels = []
+    for ex in examples:
+        row = sft[ex["source_id"]]                                        # an SFT-side instance
+        assert ex["source_table"] == "synthetic_tasks" and ex["domain"] == JUDGE_DOMAIN
+        label = parse_pairwise(ex["response"]).value
+        gold = answer_text(row["answer"])
+        assert label in (-1, 1) and ex["response"] == f"{gold} {verdict_text(label)}"   # short: answer, verdict
+        task = get_task(row["task"])
+        # the exact inference prompt, rebuilt; the gold sits where the label says
+        _, tail = ex["prompt"].split("[Answer 1]\n", 1)
+        first, second = tail.split("\n\n[Answer 2]\n", 1)
+        second = second.split("\n\nDecide whether", 1)[0]
+        assert ex["prompt"] == pairwise_prompt(row["prompt"], first, second, 8000)
+        assert row["prompt"] in ex["prompt"]                              # what the audit should accept
+        right, wrong = (second, first) if label == 1 else (first, second)
+        assert right == gold and task.verify(_instance(row), right) == 1.0
+        assert task.verify(_instance(row), wrong) < 1.0
+        labels.append(label)
+    for name in TASKS:  # both orders, balanced, within every task
+        mine = [lab for ex, lab in zip(examples, labels) if sft[ex["source_id"]]["task"] == name]
+        assert mine.count(1) == mine.count(-1) == 6
+
+
+def _instance(row):
+    from tasks.verify.registry import synth_instance
+    return synth_instance(row)
+
+
+def test_sft_data_gets_judge_examples_only_when_configured(wh):
+    from tasks.train.data import sft_source_rows
+
+    wh.write("synthetic_tasks", pl.DataFrame(synthetic_rows(20)))
+    plain, _ = sft_source_rows(wh, TrainConfig())
+    assert not [r for r in plain if r["domain"] == JUDGE_DOMAIN]
+    with_judge, _ = sft_source_rows(wh, TrainConfig(data={"judge_examples_per_task": 4}))
+    judge = [r for r in with_judge if r["domain"] == JUDGE_DOMAIN]
+    assert len(with_judge) == len(plain) + len(judge) and len(judge) == 4 * len(TASKS)
+    sft_ids = set(wh.read("synthetic_tasks").filter(pl.col("split") == "sft")["id"])
+    assert {r["source_id"] for r in judge} <= sft_ids
+
+
+def test_benchmark_pairs_are_held_out_balanced_and_labelled():
+    from tasks.genrm.validation import synthetic_benchmark_items
+
+    training = {r["id"] for r in synthetic_rows(40)}
+    items = synthetic_benchmark_items(TASKS, 10, [0], seed=0, training_ids=training)
+    assert len(items) == 10 * len(TASKS)
+    assert not {it["source_id"] for it in items} & training
+    for name in TASKS:
+        mine = [it for it in items if it["origin"] == f"synthetic:{name}"]
+        assert [it["label"] for it in mine].count(1) == 5
+        for it in mine:
+            gold = answer_text(it["ground_truth"])
+            assert (it["second"] if it["label"] == 1 else it["first"]) == gold
+
+
+def test_pairs_skip_tasks_that_cannot_be_perturbed():
+    task = get_task("web_of_lies")
+    inst = task.generate(3, 0)
+    pair = judge_pair(task, inst, gold_second=True, rng=random.Random(0))
+    assert pair is not None and pair.label == 1 and pair.second == answer_text(inst.answer)
+
+    class Stubborn:
+        def verify(self, instance, response):
+            return 1.0
+        def perturbations(self, instance, rng):
+            return ["anything"]
+    assert judge_pair(Stubborn(), inst, gold_second=False, rng=random.Random(0)) is None
+
+
+def test_policy_judge_model_resolves_to_the_rl_start_model(wh):
+    from tasks.genrm.models import resolve_rollout
+    from tasks.rollout.config import RolloutConfig
+    from tasks.train.registry import POLICY_MODEL
+
+    rollout = RolloutConfig(backend="local", model=POLICY_MODEL)
+    with pytest.raises(LookupError, match="policy"):
+        resolve_rollout(rollout, str(wh.home))
+    rows = [{"model_id": f"r/{s}", "run_name": "r", "stage": s, "path": f"/models/{s}", "init_model": "base",
+             "profile": "test", "steps": 1, "data_snapshots": "[]", "config_hash": "h"}
+            for s in ("sft_long", "dpo_long", "rl")]
+    wh.write("models", pl.DataFrame(rows))
+    assert resolve_rollout(rollout, str(wh.home)).model == "/models/dpo_long"
+    other = RolloutConfig(backend="local", model="/some/path")
+    assert resolve_rollout(other, str(wh.home)) is other
+
+
+def test_a_small_model_sft_trained_on_judge_examples_answers_in_the_verdict_format(wh):
+    """The real DeepSpeed SFT path, a small hybrid model: >= 90% of its verdicts parse."""
+    from transformers import AutoTokenizer
+
+    from data_specs import get_spec
+    from tasks.genrm.config import JudgeConfig
+    from tasks.genrm.judge import GenRMJudge
+    from tasks.genrm.validation import judge_accuracy, synthetic_benchmark_items
+    from tasks.rollout.config import LocalConfig
+    from tasks.rollout.local import LocalBackend
+    from tasks.train.base_model import prepare_base_model
+    from tasks.train.data import write_training_tables
+    from tasks.train.runner import StageJob, execute_stage
+
+    torch.set_num_threads(1)
+    rows = synthetic_rows(60)  # ~30 SFT-side instances per task
+    wh.write("synthetic_tasks", pl.DataFrame(rows))
+    small = {"tokenizer_vocab_size": 512, "hybrid": {
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "softmax_attention_every": 2, "max_position_embeddings": 1024,
+        "lightning_chunk_size": 32, "num_experts": 0}}
+    cfg = TrainConfig(base_model={"kind": "hybrid", "name": "judge-base", "tokenizer_texts": 400},
+                      optimizer={"lr": 6e-3, "warmup_steps": 2},
+                      engine={"zero_stage": 2, "precision": "fp32", "micro_batch_size": 8},
+                      data={"judge_examples_per_task": 20, "rl_requires_difficulty": False},
+                      sft_short={"steps": 150, "checkpoint_every": 150, "max_tokens": 1024},
+                      sft_long={"steps": 1, "min_tokens": 1025, "max_tokens": 2048})
+    base = prepare_base_model(wh, cfg.base_model, small)
+    refs, _ = write_training_tables(wh, cfg, AutoTokenizer.from_pretrained(base))
+    sft = wh.read("sft_data")
+    assert sft.filter(pl.col("domain") == JUDGE_DOMAIN).height == 20 * len(TASKS)
+    job = StageJob(stage="sft_short", home=str(wh.home), run_name="judge", profile="test", init_model=str(base),
+                   data_ref=str(refs["sft_data"]), config=cfg.model_dump(), fingerprint="judge")
+    result = execute_stage(job)
+    spec = get_spec("judge_benchmark")
+    items = synthetic_benchmark_items(TASKS, 4, [0], 0, {r["id"] for r in rows})
+    bench = spec.conform(pl.DataFrame(items, schema=spec.schema))
+    judge_cfg = JudgeConfig(rollout={"backend": "local", "model": result["path"], "temperature": 0.7,
+                                     "max_tokens": 24, "repetition_window": None},
+                            max_response_chars=1000, consistency={"blind_samples": 1})
+    backend = LocalBackend.from_path(result["path"], LocalConfig(batch_size=32, threads=1))
+    result = judge_accuracy(GenRMJudge(backend, judge_cfg), bench, None)
+    metrics = result.metrics
+    assert metrics["synthetic_samples"] == 2 * len(items)                # both orders judged
+    print("judge metrics", metrics)
+    assert metrics["synthetic_parseable"] >= 0.9, [j["raw_text"] for j in result.judgments]
