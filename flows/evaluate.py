@@ -98,6 +98,8 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
             raise ValueError("evaluate: no items: configure benchmarks and/or synthetic tasks")
 
         per_benchmark = Counter(it.benchmark for it in items)
+        if heldout is not None and heldout.items:
+            per_benchmark[SYNTHETIC_BENCHMARK] = len(heldout.items)   # the families pooled
         summaries, per_item, metrics, errors = [], [], {}, 0
         for choice in chosen:
             backend = _backend_for(rollout, choice)

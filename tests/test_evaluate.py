@@ -55,15 +55,22 @@ def flow_result(eval_home, tiny_model):
     torch.set_num_threads(1)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("POSTTRAIN_HOME", str(eval_home))
+        mp.setenv("POSTTRAIN__EVALUATE__N", "4")
+        mp.setenv("POSTTRAIN__EVALUATE__SYNTHETIC__PER_TASK", "2")
         from flows.evaluate import evaluate_flow
         return evaluate_flow(profile="tiny", home=str(eval_home), model=str(tiny_model), max_items=1)
+
+
+FAMILIES = [f"{SYNTHETIC_BENCHMARK}/{t}" for t in ("web_of_lies", "object_properties", "object_counting")]
 
 
 def test_flow_writes_pass_at_k_per_benchmark_and_k(flow_result, eval_home, tiny_model):
     cfg_k = [1, 4]   # configs/profiles/tiny/evaluate.yaml
     results = Warehouse(eval_home).read("eval_results")
-    assert sorted(results.get_column("benchmark").unique().to_list()) == sorted(BENCHMARKS + [SYNTHETIC_BENCHMARK])
-    assert results.height == 5 * len(cfg_k)
+    expected = sorted(BENCHMARKS + [SYNTHETIC_BENCHMARK] + FAMILIES)   # per family, and pooled
+    assert sorted(results.get_column("benchmark").unique().to_list()) == expected
+    assert results.height == len(expected) * len(cfg_k)
+    assert results.get_column("stage").null_count() == results.height   # a named model, not a stage
     assert set(results.get_column("k").to_list()) == set(cfg_k)
     assert results.get_column("n").unique().to_list() == [4]
     assert results.get_column("temperature").unique().to_list() == [1.0]
@@ -71,7 +78,7 @@ def test_flow_writes_pass_at_k_per_benchmark_and_k(flow_result, eval_home, tiny_
     assert results.get_column("model").unique().to_list() == [str(tiny_model)]
     assert results.get_column("pass_at_k").is_between(0, 1).all()
     items = dict(results.filter(pl.col("k") == 1).select("benchmark", "items").iter_rows())
-    assert items == {**{b: 1 for b in BENCHMARKS}, SYNTHETIC_BENCHMARK: 6}   # 3 tasks x 2 per task
+    assert items == {**{b: 1 for b in BENCHMARKS}, SYNTHETIC_BENCHMARK: 6, **{f: 2 for f in FAMILIES}}
     # pass@k never decreases with k, item by item and so on average
     wide = results.pivot(on="k", index="benchmark", values="pass_at_k")
     assert (wide.get_column("4") >= wide.get_column("1")).all()
@@ -86,7 +93,7 @@ def test_flow_records_items_and_mlflow_metrics(flow_result, eval_home):
     tracking.configure(home=eval_home)   # artifact listing resolves runs through the global tracking URI
     client = MlflowClient()
     run = client.get_run(flow_result["mlflow_run_id"])
-    for bench in BENCHMARKS + [SYNTHETIC_BENCHMARK]:
+    for bench in BENCHMARKS + [SYNTHETIC_BENCHMARK] + FAMILIES:
         assert f"eval.{bench}.pass_at_1" in run.data.metrics
         assert run.data.metrics[f"eval.{bench}.items"] >= 1
     assert run.data.tags["posttrain.model_source"] == "argument"
@@ -191,3 +198,24 @@ def test_config_errors_name_the_problem(eval_home):
         benchmark_items(Warehouse(eval_home), EvaluateConfig(benchmarks=["gsm8k"]))
     with pytest.raises(ValueError, match="levels \\[99\\] not usable for task 'game_of_24'"):
         heldout_synthetic_items(SyntheticHeldout(tasks=["game_of_24"], levels=[99]), set())
+
+
+def test_stage_ladder_is_the_newest_runs_models_from_base_to_rl(tmp_path, tiny_model):
+    from tasks.evaluate import ladder_table, stage_ladder
+
+    wh = Warehouse(tmp_path)
+    base = tmp_path / "base-model"
+    base.mkdir()
+    row = {"run_name": "old", "path": str(tiny_model), "init_model": str(base), "profile": "tiny", "steps": 2,
+           "data_snapshots": "[]", "config_hash": "x"}
+    for run in ("old", "new"):
+        for stage in ("sft_short", "sft_long", "dpo_short", "dpo_long", "rl"):
+            wh.write("models", pl.DataFrame([{**row, "run_name": run, "model_id": f"{run}/{stage}", "stage": stage}]),
+                     mode="append")
+    ladder = stage_ladder(wh, ["base", "sft_long", "dpo_long", "rl"])
+    assert [(c.stage, c.model_id) for c in ladder] == [
+        ("base", "new/base"), ("sft_long", "new/sft_long"), ("dpo_long", "new/dpo_long"), ("rl", "new/rl")]
+    assert ladder[0].path == str(base)
+    summary = pl.DataFrame([{"benchmark": "b", "k": 1, "stage": c.stage, "pass_at_k": i / 10}
+                            for i, c in enumerate(ladder)])
+    assert ladder_table(summary) == {"b": {"base": 0.0, "sft_long": 0.1, "dpo_long": 0.2, "rl": 0.3}}
