@@ -10,6 +10,13 @@ SHORT_TASKS = ["object_counting", "boolean_expressions", "web_of_lies", "operati
 LONG_TASKS = ["skyscraper", "campsite", "calcudoko"]
 
 
+SHORT_SCHEDULE = {
+    "POSTTRAIN__TRAIN__SFT_SHORT__STEPS": "12", "POSTTRAIN__TRAIN__SFT_SHORT__CHECKPOINT_EVERY": "6",
+    "POSTTRAIN__TRAIN__DPO_SHORT__STEPS": "6", "POSTTRAIN__TRAIN__RL__STEPS": "6",
+    "POSTTRAIN__TRAIN__RL__CHECKPOINT_EVERY": "3",
+}
+
+
 def seed_synthetic_tasks(wh, per_task: int = 24):
     rows = []
     for name in SHORT_TASKS + LONG_TASKS:
@@ -22,6 +29,9 @@ def test_train_flow_runs_every_stage_with_child_runs_and_lineage(home, wh, monke
 
     # no difficulty stage here: the RL side trains undecided prompts (the pipeline test bands them)
     monkeypatch.setenv("POSTTRAIN__TRAIN__DATA__RL_REQUIRES_DIFFICULTY", "false")
+    # the wiring, not the learning (test_pipeline_e2e runs the full tiny schedule)
+    for key, value in SHORT_SCHEDULE.items():
+        monkeypatch.setenv(key, value)
     synth = seed_synthetic_tasks(wh)
     res = train_flow(profile="tiny", home=str(home))
     stages = ["sft_short", "sft_long", "dpo_short", "dpo_long", "rl"]

@@ -1,0 +1,148 @@
+"""What the tiny pipeline's training does, over seeds: held-out pass@1 per stage, mean ± sd,
+and CISPO against GRPO in steps to a fixed held-out pass@1 on the same task mix.
+
+1. The whole tiny pipeline once (ingest, curate, synthesize, ...), then its training
+   stages again for every further seed (``POSTTRAIN__TRAIN__SEED``: model init, data order,
+   RL sampling): difficulty re-bands with each seed's DPO model, evaluate adds its ladder.
+   Prints base / SFT / DPO / RL held-out pass@1 per family as mean ± sd over the seeds.
+2. From each seed's DPO model and RL prompts, RL with ``loss: cispo`` and ``loss: grpo``
+   (GRPO with PPO's two-sided clip, eps_low 0.2), everything else equal. The learning rate
+   is held constant so a k-step run is exactly the first k steps of a longer one: the
+   held-out pass@1 after k steps is measured by training k steps and evaluating. Prints the
+   steps each loss needs to reach ``--target`` and the ratio CISPO/GRPO (paper: about 0.5).
+
+    .venv/bin/python bench/learning_curve.py [--seeds 0 1 2] [--checkpoints 10 20 40 60]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+STAGES = ("base", "sft_long", "dpo_long", "rl")
+TRAINING = ["sft_short", "sft_long", "dpo_short", "dpo_long", "difficulty", "rl", "evaluate"]
+
+
+def run_seed(home: Path, seed: int, first: bool) -> dict:
+    """The pipeline (all of it for the first seed, its training part after) with this train seed."""
+    from flows.pipeline import pipeline_flow
+
+    os.environ["POSTTRAIN__TRAIN__SEED"] = str(seed)
+    try:
+        return pipeline_flow(profile="tiny", home=str(home), stages=None if first else TRAINING)
+    finally:
+        os.environ.pop("POSTTRAIN__TRAIN__SEED", None)
+
+
+def heldout_pass1(model_path: str, home: Path) -> float:
+    """Mean held-out pass@1 over the tiny families (evaluate's items, sampling and verifiers)."""
+    from data_specs.profile import load_profile
+    from tasks.evaluate import EvaluateConfig, evaluate_items, heldout_synthetic_items, training_instance_ids
+    from tasks.rollout.config import RolloutConfig
+    from tasks.rollout.factory import make_backend
+    from warehouse import Warehouse
+
+    profile = load_profile("tiny")
+    cfg = profile.section("evaluate", EvaluateConfig)
+    rollout = profile.section("rollout", RolloutConfig)
+    items = heldout_synthetic_items(cfg.synthetic, training_instance_ids(Warehouse(home))).items
+    backend = make_backend(rollout.model_copy(update={"model": model_path}))
+    results = evaluate_items(items, backend, cfg)
+    by_family: dict[str, list[float]] = {}
+    for r in results:
+        by_family.setdefault(r.item.benchmark, []).append(r.correct / r.n)
+    return statistics.mean(statistics.mean(v) for v in by_family.values())
+
+
+def rl_curve(home: Path, seed: int, loss: str, checkpoints: list[int]) -> list[tuple[int, float]]:
+    """Held-out pass@1 after each number of RL steps, from this seed's DPO model."""
+    import polars as pl
+
+    from data_specs.profile import load_profile
+    from tasks.train.config import TrainConfig
+    from tasks.train.rl import train_rl
+    from tasks.train.runner import StageHarness, StageJob
+    from warehouse import Warehouse
+
+    wh = Warehouse(home)
+    models = wh.read("models")
+    run_name = models.filter(pl.col("stage") == "dpo_long")["run_name"][-1]
+    init = models.filter((pl.col("stage") == "dpo_long") & (pl.col("run_name") == run_name))["path"][-1]
+    rl_ref = str(wh.latest("rl_prompts"))
+    base = load_profile("tiny").section("train", TrainConfig).model_dump()
+    curve = []
+    for steps in checkpoints:
+        cfg = TrainConfig(**{**base, "seed": seed,
+                             "optimizer": {**base["optimizer"], "schedule": "constant", "warmup_steps": 0}})
+        cfg.rl.loss, cfg.rl.steps, cfg.rl.checkpoint_every = loss, steps, 10**6
+        cfg.rl.eps_low = 0.2 if loss == "grpo" else 1.0
+        job = StageJob(stage="rl", home=str(home), run_name=f"bench-{loss}-{seed}-{steps}", profile="tiny",
+                       init_model=init, data_ref=rl_ref, config=cfg.model_dump(), fingerprint=f"{loss}-{steps}")
+        result = train_rl(StageHarness(job))
+        curve.append((steps, heldout_pass1(result["path"], home)))
+        print(f"  seed {seed} {loss:5s} {steps:3d} steps: held-out pass@1 {curve[-1][1]:.3f}", flush=True)
+    return curve
+
+
+def steps_to(curve: list[tuple[int, float]], target: float) -> int | None:
+    return next((steps for steps, value in curve if value >= target), None)
+
+
+def fmt(values: list[float]) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.3f} ± {sd:.3f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--checkpoints", type=int, nargs="+", default=[10, 20, 40, 60],
+                    help="RL step counts at which held-out pass@1 is measured")
+    ap.add_argument("--target", type=float, default=None,
+                    help="held-out pass@1 to reach (default: DPO's mean + half of RL's mean gain)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
+        home = Path(tmp)
+        os.environ["POSTTRAIN_HOME"] = tmp
+        ladders = []
+        for i, seed in enumerate(args.seeds):
+            t0 = time.time()
+            res = run_seed(home, seed, first=i == 0)
+            ladders.append(res["evaluate"]["ladder"])
+            print(f"seed {seed}: pipeline {time.time() - t0:.0f}s", flush=True)
+        families = sorted(b for b in ladders[0] if b.startswith("synthetic_heldout/"))
+        print(f"\nheld-out pass@1 (T=1.0, top-p 0.95) over {len(args.seeds)} training seeds, mean ± sd")
+        print(f"{'family':34s}" + "".join(f"{s:>18s}" for s in STAGES))
+        for fam in families + ["synthetic_heldout"]:
+            print(f"{fam:34s}" + "".join(f"{fmt([lad[fam][s] for lad in ladders]):>18s}" for s in STAGES))
+        pooled = {s: statistics.mean(lad["synthetic_heldout"][s] for lad in ladders) for s in STAGES}
+        target = args.target if args.target is not None else pooled["dpo_long"] + (pooled["rl"] - pooled["dpo_long"]) / 2
+        print(f"\nCISPO vs GRPO: RL steps to held-out pass@1 >= {target:.3f} (checkpoints {args.checkpoints})")
+        need: dict[str, list[int]] = {"cispo": [], "grpo": []}
+        for seed in args.seeds:
+            # each seed's DPO model and RL prompts: re-run its training so the warehouse holds them
+            if seed != args.seeds[-1]:
+                run_seed(home, seed, first=False)
+            for loss in ("cispo", "grpo"):
+                reached = steps_to(rl_curve(home, seed, loss, args.checkpoints), target)
+                # not reached: counted as twice the last checkpoint (a lower bound on the cost)
+                need[loss].append(reached if reached is not None else 2 * args.checkpoints[-1])
+        mean = {k: statistics.mean(v) for k, v in need.items()}
+        print(f"steps: cispo {need['cispo']} (mean {mean['cispo']:.1f}), grpo {need['grpo']} (mean {mean['grpo']:.1f})")
+        print(f"ratio cispo/grpo: {mean['cispo'] / mean['grpo']:.2f}x  (paper: about 0.5; goal <= 0.6)")
+
+
+if __name__ == "__main__":
+    main()
