@@ -11,6 +11,9 @@ import polars as pl
 import pytest
 from mlflow.tracking import MlflowClient
 
+# the whole default run (about 5 minutes on 2 idle cores) happens in the first test's setup
+pytestmark = pytest.mark.timeout(2400)
+
 SFT_FLOOR = 0.3        # held-out pass@1 after SFT, on each family
 RL_GAIN = 0.10         # held-out pass@1 after RL minus after SFT, averaged over the families
 
