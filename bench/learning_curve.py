@@ -49,7 +49,12 @@ def run_seed(home: Path, seed: int, first: bool) -> dict:
 def heldout_pass1(model_path: str, home: Path) -> float:
     """Mean held-out pass@1 over the tiny families (evaluate's items, sampling and verifiers)."""
     from data_specs.profile import load_profile
-    from tasks.evaluate import EvaluateConfig, evaluate_items, heldout_synthetic_items, training_instance_ids
+    from tasks.evaluate import (
+        EvaluateConfig,
+        evaluate_items,
+        heldout_synthetic_items,
+        training_instance_ids,
+    )
     from tasks.rollout.config import RolloutConfig
     from tasks.rollout.factory import make_backend
     from warehouse import Warehouse

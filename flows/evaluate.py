@@ -4,7 +4,6 @@ from __future__ import annotations
 from collections import Counter
 
 import polars as pl
-
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
@@ -21,10 +20,10 @@ from tasks.evaluate import (
     evaluate_items,
     heldout_synthetic_items,
     item_rows,
-    pass_at_k_figure,
-    pass_at_k_metrics,
     ladder_figure,
     ladder_table,
+    pass_at_k_figure,
+    pass_at_k_metrics,
     stage_ladder,
     summarize,
     training_instance_ids,

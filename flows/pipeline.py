@@ -10,16 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any
 
 import polars as pl
 from prefect import flow
 
 from data_specs.profile import Profile
-from flows.common import flow_context, flow_logger, report_progress
 from flows.audit import audit_flow
+from flows.common import flow_context, flow_logger, report_progress
 from flows.compare import write_run_report
 from flows.curate import curate_flow
 from flows.difficulty import difficulty_flow

@@ -18,10 +18,10 @@ import polars as pl
 from prefect import task
 
 from tasks import tracking
-from tasks.synth.base import SynthTask, stable_int
-from tasks.synth.calibration import STATUS_TOO_HARD, Solver, calibrate_task
 from tasks.curate.normalize import normalize_texts, text_hash
 from tasks.curate.split import hash_fraction
+from tasks.synth.base import SynthTask, stable_int
+from tasks.synth.calibration import STATUS_TOO_HARD, Solver, calibrate_task
 from tasks.synth.config import SynthesizeConfig, SyntheticSplitConfig
 from tasks.synth.registry import get_task, own_task_names
 from warehouse import TableRef, Warehouse

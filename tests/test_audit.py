@@ -11,10 +11,9 @@ import json
 
 import polars as pl
 import pytest
-
-from data_specs import get_spec
 from test_train_engine import SMALL_MODEL
 
+from data_specs import get_spec
 from tasks.audit import AuditFailed, run_audit
 from tasks.curate.config import CurateConfig, SemanticConfig
 from tasks.curate.pipeline import run_curate
@@ -22,7 +21,12 @@ from tasks.ingest import RawRecord, store_records
 from tasks.synth.config import SyntheticSplitConfig
 from tasks.synthesize import generate_task_instances
 from tasks.train.config import TrainConfig
-from tasks.train.data import build_dpo_pairs, build_rl_prompts, build_sft_data, write_training_tables
+from tasks.train.data import (
+    build_dpo_pairs,
+    build_rl_prompts,
+    build_sft_data,
+    write_training_tables,
+)
 
 TASKS = ["object_counting", "boolean_expressions", "operation"]
 MC = "Which number is the largest? (A) 2 (B) 9 (C) 4"
@@ -94,7 +98,7 @@ def test_synthetic_instances_split_by_cluster_with_both_sides_per_task(built):
 
 
 def test_training_tables_use_the_curated_text_of_their_own_side(built):
-    wh, cfg, tokenizer, _ = built
+    wh, *_ = built
     sft_pool, rl_pool = wh.read("sft_pool"), wh.read("rl_pool")
     synth = wh.read("synthetic_tasks")
     sft_side = set(sft_pool["id"]) | set(synth.filter(pl.col("split") == "sft")["id"])
