@@ -133,8 +133,10 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, model, tokenizer, config: LocalConfig | None = None):
+    def __init__(self, model, tokenizer, config: LocalConfig | None = None, model_name: str | None = None):
         self.config = config or LocalConfig()
+        # what rollouts and difficulty rows record as their model: the path it was loaded from
+        self.model_name = model_name or getattr(getattr(model, "config", None), "_name_or_path", None) or self.name
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
         self.model = model.eval()
@@ -155,7 +157,7 @@ class LocalBackend:
     def from_path(cls, path: str | Path, config: LocalConfig | None = None) -> LocalBackend:
         config = config or LocalConfig()
         model, tokenizer = load_causal_lm(path, dtype=config.dtype, device=config.device)
-        return cls(model, tokenizer, config)
+        return cls(model, tokenizer, config, model_name=str(path))
 
     # -- RolloutBackend -------------------------------------------------------------------
     def format_chat(self, messages: list[dict[str, str]]) -> str:
