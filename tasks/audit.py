@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from tasks.curate.normalize import normalize_texts, text_hash
+from tasks.difficulty import latest_decisions
 from warehouse import Warehouse
 
 MAX_LISTED = 20
@@ -213,10 +214,7 @@ def _check_benchmarks(rows: dict[str, list[tuple[str, str, str]]], benchmarks: p
 
 def _check_rl_difficulty(rl: pl.DataFrame, difficulty: pl.DataFrame) -> AuditCheck:
     check = AuditCheck("rl_latest_difficulty_keep")
-    latest: dict[str, str] = {}
-    if not difficulty.is_empty():
-        last = difficulty.with_row_index("_order").unique("prompt_id", keep="last")
-        latest = dict(zip(last["prompt_id"].to_list(), last["decision"].to_list()))
+    latest = latest_decisions(difficulty)
     for r in rl.iter_rows(named=True) if not rl.is_empty() else ():
         check.checked += 1
         decision = latest.get(str(r["prompt_id"]))

@@ -350,15 +350,11 @@ def _rl_row(row: dict, table: str, selected_by: str) -> dict:
 
 
 def latest_difficulty_decisions(wh: Warehouse) -> tuple[dict[str, str], TableRef | None]:
-    """prompt_id -> the decision of the newest difficulty run that scored it.
+    """prompt_id -> its newest difficulty decision, and the snapshot it was read from."""
+    from tasks.difficulty import latest_decisions
 
-    ``difficulty`` is append-only: a prompt kept long ago and rejected since is rejected.
-    """
     difficulty, ref = _read(wh, "difficulty")
-    if ref is None or difficulty.is_empty():
-        return {}, ref
-    latest = difficulty.with_row_index("_order").sort("_order").unique("prompt_id", keep="last")
-    return dict(zip(latest["prompt_id"].to_list(), latest["decision"].to_list())), ref
+    return (latest_decisions(difficulty) if ref is not None else {}), ref
 
 
 def build_rl_prompts(wh: Warehouse, cfg: TrainConfig) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
