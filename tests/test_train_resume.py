@@ -18,7 +18,9 @@ def _records(path):
 def test_sigkilled_stage_resumes_with_same_data_order_and_loss_curve(wh):
     cfg = small_config()
     cfg.sft_short.checkpoint_every = 3
-    job = seeded_sft_job(wh, cfg, stage_steps=30, run_name="resume")
+    # enough steps that the stage cannot finish between the test's poll and its kill
+    steps = 120
+    job = seeded_sft_job(wh, cfg, stage_steps=steps, run_name="resume")
     stage = job.stage_path
     stage.mkdir(parents=True, exist_ok=True)
     job.save(stage / "job.json")
@@ -46,7 +48,7 @@ def test_sigkilled_stage_resumes_with_same_data_order_and_loss_curve(wh):
 
     result = execute_stage(job)           # same job, resumed in this process
     curve = _records(stage)
-    assert [r["step"] for r in curve] == list(range(30))       # no gap, no duplicate
+    assert [r["step"] for r in curve] == list(range(steps))    # no gap, no duplicate
     for r in curve:
         if r["step"] in killed_run and r["step"] >= resumed_from:
             # the steps the killed run had done after its checkpoint are redone identically
