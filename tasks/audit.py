@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from tasks.curate.normalize import normalize_texts, text_hash
+from tasks.curate.split import POOL_TABLES
 from tasks.difficulty import latest_decisions
 from warehouse import Warehouse
 
 MAX_LISTED = 20
 SIDE_OF_TABLE = {"sft_data": "sft", "dpo_pairs": "sft", "rl_prompts": "rl"}
 ID_COLUMN = {"sft_data": "source_id", "dpo_pairs": "prompt_id", "rl_prompts": "prompt_id"}
-POOL_OF_SIDE = {"sft": "sft_pool", "rl": "rl_pool"}
 DECONTAM_STAGE = "curate.decontam"
 
 
@@ -115,7 +115,7 @@ class SideRow:
 def _side_index(pools: dict[str, pl.DataFrame], synthetic: pl.DataFrame) -> dict[str, dict[str, SideRow]]:
     """side -> id -> where the row lives, its normalized prompt hash and its cluster."""
     index: dict[str, dict[str, SideRow]] = {"sft": {}, "rl": {}}
-    for side, name in POOL_OF_SIDE.items():
+    for side, name in POOL_TABLES.items():
         df = pools[name]
         for r in df.iter_rows(named=True) if not df.is_empty() else ():
             index[side][str(r["id"])] = SideRow(name, _normalized(r["prompt"]), f"pool:{r['cluster_id']}")
@@ -179,7 +179,7 @@ def _check_both_sides(rows: dict[str, list[tuple[str, str, str]]], index: dict[s
     # clusters: of the training rows, and of the pools and synthetic splits they come from
     used = {side: {index[side][pid].cluster for pid in ids[side] if pid in index[side]} for side in ids}
     available: dict[str, set[str]] = {"sft": set(), "rl": set()}
-    for side, name in POOL_OF_SIDE.items():
+    for side, name in POOL_TABLES.items():
         if not pools[name].is_empty():
             available[side] |= {f"pool:{c}" for c in pools[name]["cluster_id"].to_list()}
     if not synthetic.is_empty():
@@ -226,7 +226,7 @@ def _check_rl_difficulty(rl: pl.DataFrame, difficulty: pl.DataFrame) -> AuditChe
 def run_audit(wh: Warehouse) -> AuditReport:
     """Every check over the latest snapshots; nothing is written."""
     snapshots: dict[str, str] = {}
-    pools = {name: _latest(wh, name, snapshots) for name in POOL_OF_SIDE.values()}
+    pools = {name: _latest(wh, name, snapshots) for name in POOL_TABLES.values()}
     synthetic = _latest(wh, "synthetic_tasks", snapshots)
     if not synthetic.is_empty() and "split" not in synthetic.columns:
         raise ValueError(f"{snapshots['synthetic_tasks']} has no 'split' column: re-run `posttrain synthesize`")

@@ -303,7 +303,7 @@ def latest_decisions(difficulty: pl.DataFrame) -> dict[str, str]:
     """
     if difficulty.is_empty():
         return {}
-    latest = difficulty.with_row_index("_order").unique("prompt_id", keep="last")
+    latest = difficulty.unique("prompt_id", keep="last")   # keep="last": the newest appended row
     return dict(zip(latest["prompt_id"].to_list(), latest["decision"].to_list()))
 
 

@@ -37,11 +37,10 @@ from tasks.curate.filters import FilterOutcome, Row, answer_parses, apply_filter
 from tasks.curate.normalize import normalize_series, text_hash
 from tasks.curate.parallel import LocalMapper, chunked
 from tasks.curate.semantic import encode, neighbours_above, vectors_from_bytes, vectors_to_bytes
-from tasks.curate.split import RL, SFT, LinkGraph, assign_pools, cross_pool_edges
+from tasks.curate.split import POOL_TABLES, LinkGraph, assign_pools, cross_pool_edges
 from warehouse import TableRef, Warehouse
 
 STAGES = ("curate.filter", "curate.exact", "curate.minhash", "curate.semantic", "curate.decontam", "curate.split")
-POOL_TABLES = {SFT: "sft_pool", RL: "rl_pool"}
 DEFAULT_SOURCE_PRIORITY = 100
 
 

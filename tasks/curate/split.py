@@ -19,6 +19,7 @@ from tasks.curate.config import SplitConfig
 from tasks.curate.minhash import components
 
 SFT, RL = "sft", "rl"
+POOL_TABLES = {SFT: "sft_pool", RL: "rl_pool"}   # side -> the curated pool table
 
 
 def hash_fraction(key: str, seed: int) -> float:

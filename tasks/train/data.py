@@ -24,6 +24,7 @@ import torch
 
 from data_specs import get_spec
 from model.losses import IGNORE_INDEX
+from tasks.curate.split import POOL_TABLES
 from tasks.rollout.chat import render_with_tokenizer
 from tasks.train.config import TrainConfig
 from tasks.verify.registry import verify
@@ -157,13 +158,10 @@ def _cap_per_task(df: pl.DataFrame, cap: int | None) -> pl.DataFrame:
     return df.sort("id").group_by("task", maintain_order=True).head(cap)
 
 
-SIDES = {"sft": "sft_pool", "rl": "rl_pool"}
-
-
 def side_rows(wh: Warehouse, side: str, cfg: TrainConfig, refs: list[TableRef]) -> dict[str, dict]:
     """Every row one side may train on, by id: its curated pool, then the synthetic
     instances assigned to it. Never raw ``prompts``: curation chose the text that trains."""
-    pool_name = SIDES[side]
+    pool_name = POOL_TABLES[side]
     out: dict[str, dict] = {}
     pool, ref = _read(wh, pool_name)
     if ref is not None:
