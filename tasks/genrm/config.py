@@ -114,7 +114,10 @@ class ValidationConfig(BaseModel):
         False, description="add the gold-derived correct and perturbed answers to the sampled candidates")
     synthetic_tasks: list[str] = Field(
         default_factory=list, description="synthetic tasks whose held-out instances become pairwise items")
-    synthetic_items: int = Field(0, ge=0, description="pairwise items per synthetic task (gold vs a rejected perturbation)")
+    synthetic_items: int = Field(0, ge=0, description="items per synthetic task and kind")
+    synthetic_kinds: list[Literal["pairwise", "grade"]] = Field(
+        default_factory=lambda: ["pairwise"], min_length=1,
+        description="pairwise: gold vs a rejected perturbation; grade: gold or perturbation vs the ground truth")
     synthetic_levels: list[int] = Field(default_factory=lambda: [0], min_length=1,
                                         description="levels of the held-out instances, round-robin")
     synthetic_max_draws: int = Field(4, ge=1, description="held-out seeds tried per wanted item")

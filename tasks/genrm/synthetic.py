@@ -1,14 +1,18 @@
-"""Judge pairs from synthetic task instances: the gold answer against a verifier-rejected
-perturbation, in the exact pairwise prompt the GenRM judge sees at inference.
+"""Judge items from synthetic task instances, in the exact prompts the GenRM judge sees at
+inference, with labels the task's own verifier vouches for:
+
+- **pairwise** (``judge_pair``): the gold answer against a verifier-rejected perturbation,
+  in either order. Label convention (``tasks.genrm.parse.parse_pairwise``): Answer 2 vs
+  Answer 1, so ``-1`` when Answer 1 (the gold) is better, ``1`` when Answer 2 is.
+- **grade** (``judge_grade``): one response, either the gold or a rejected perturbation,
+  against the ground truth on the five-grade consistency scale (M1's GenRM for answers a
+  rule cannot parse). Label 1 (consistent, grade 5) or 0 (inconsistent, grade 1).
 
 One builder serves both sides of the judge's life:
 - training (``tasks.train.judge_data``): SFT-side instances become SFT examples whose
-  response is the verdict text the parser reads back (``verdict_text``);
+  response is the verdict text the parser reads back;
 - validation (``tasks.genrm.validation``): held-out instances (negative seeds, never a
   training instance) become labelled ``judge_benchmark`` items.
-
-Label convention (``tasks.genrm.parse.parse_pairwise``): Answer 2 vs Answer 1, so ``-1``
-when Answer 1 (the gold) is better, ``1`` when Answer 2 is.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from tasks.genrm.prompts import pairwise_prompt
+from tasks.genrm.prompts import grade_prompt, pairwise_prompt
 
 
 def answer_text(answer: str) -> str:
@@ -39,6 +43,20 @@ def judge_response(gold: str, label: int) -> str:
     Answer 1 text, which a small model learns; a bare ``[[v]]`` leaves it at chance.
     """
     return f"{answer_text(gold)} {verdict_text(label)}"
+
+
+CONSISTENT_GRADE, INCONSISTENT_GRADE = 5, 1
+
+
+def grade_text(consistent: bool) -> str:
+    """The judge output ``parse_grade`` reads as the top or bottom grade (``[[5]]``, ``[[1]]``).
+
+    No explanation before it: the consistency check is a comparison of two short answers
+    the prompt puts a few tokens apart, which a small judge learns from the verdict alone
+    (measured on the tiny shape: 0.82 held-out accuracy with a bare verdict, 0.59 when it
+    first restates the response's answer).
+    """
+    return f"[[{CONSISTENT_GRADE if consistent else INCONSISTENT_GRADE}]]"
 
 
 _INTEGER = re.compile(r"-?\d+")
@@ -95,3 +113,25 @@ def judge_pair(task, instance, gold_second: bool, rng: random.Random) -> JudgePa
     right, bad = answer_text(instance.answer), answer_text(wrong)
     first, second = (bad, right) if gold_second else (right, bad)
     return JudgePair(instance.prompt, first, second, 1 if gold_second else -1, instance.answer, wrong)
+
+
+@dataclass(frozen=True)
+class JudgeGrade:
+    question: str       # the instance's full prompt
+    ground_truth: str   # the gold answer, as the task states it
+    response: str       # the candidate, in the policy's answer format
+    label: int          # 1: consistent with the ground truth (the gold); 0: a rejected perturbation
+
+    def prompt(self, max_chars: int) -> str:
+        """The judge's user turn, rendered by the very function ``GenRMJudge.grade`` uses."""
+        return grade_prompt(self.question, self.ground_truth, self.response, max_chars)
+
+
+def judge_grade(task, instance, consistent: bool, rng: random.Random) -> JudgeGrade | None:
+    """The gold (``consistent``) or a rejected perturbation, to be graded against the gold."""
+    if task.verify(instance, answer_text(instance.answer)) < 1.0:
+        return None
+    shown = instance.answer if consistent else wrong_answer(task, instance, rng)
+    if shown is None:
+        return None
+    return JudgeGrade(instance.prompt, instance.answer, answer_text(shown), 1 if consistent else 0)

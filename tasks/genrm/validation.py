@@ -17,6 +17,7 @@ how often that pick is right (BoN) with how often any of the N is right (pass@N)
 from __future__ import annotations
 
 import logging
+import math
 import random
 import re
 from collections.abc import Sequence
@@ -91,44 +92,63 @@ def math_benchmark_items(prompts: pl.DataFrame, n_items: int, seed: int) -> list
 
 
 def synthetic_benchmark_items(tasks: Sequence[str], per_task: int, levels: Sequence[int], seed: int,
-                              training_ids: set[str] = frozenset(), max_draws: int = 4) -> list[dict]:
-    """Pairwise items from held-out synthetic instances: gold vs a verifier-rejected perturbation.
+                              training_ids: set[str] = frozenset(), max_draws: int = 4,
+                              kinds: Sequence[str] = ("pairwise",)) -> list[dict]:
+    """Items from held-out synthetic instances, ``per_task`` of each kind per task.
+
+    - pairwise: gold vs a verifier-rejected perturbation, the gold's slot alternating;
+    - grade: the gold (label 1) or a rejected perturbation (label 0) against the ground
+      truth, alternating.
 
     Instances come from the reserved negative seed range (``tasks.evaluate.heldout_seed``)
     and any instance whose id is a training instance is skipped, so the judge is measured
-    on pairs it never trained on. Within a task the gold's slot alternates over the items
-    (balanced, so a judge that always answers one position scores exactly chance).
+    on items it never trained on. Labels are balanced within a task and kind: a judge that
+    always answers one position or one grade scores exactly chance.
     """
     from tasks.evaluate import heldout_seed
-    from tasks.genrm.synthetic import judge_pair
     from tasks.synth.registry import get_task
 
     items = []
     for name in tasks:
         task = get_task(name)
         origin = f"{ORIGIN_SYNTHETIC}:{name}"
-        rng = random.Random(f"judge-benchmark:{seed}:{name}")
-        seen: set[str] = set()
-        made, draw = 0, 0
-        while made < per_task and draw < per_task * max_draws:
-            level = levels[draw % len(levels)]
-            if not 0 <= level < task.n_levels:
-                raise ValueError(f"validation.synthetic_levels: level {level} outside 0..{task.n_levels - 1} "
-                                 f"for task {name!r}")
-            instance = task.generate(heldout_seed(draw), level)
-            draw += 1
-            if instance.id in training_ids or instance.id in seen:
-                continue
-            seen.add(instance.id)
-            pair = judge_pair(task, instance, gold_second=made % 2 == 1, rng=rng)
-            if pair is None:
-                continue
-            items.append({"item_id": stable_id(origin, instance.id, "pair"), "origin": origin, "kind": "pairwise",
-                          "prompt": pair.question, "ground_truth": pair.gold, "first": pair.first,
-                          "second": pair.second, "label": pair.label, "source_id": instance.id,
-                          "file": None, "line": None})
-            made += 1
+        for kind in kinds:
+            # pairwise keeps its original stream name, so adding grade items leaves the pairs as they were
+            rng = random.Random(f"judge-benchmark:{seed}:{name}" + ("" if kind == "pairwise" else f":{kind}"))
+            seen: set[str] = set()
+            made, draw = 0, 0
+            while made < per_task and draw < per_task * max_draws:
+                level = levels[draw % len(levels)]
+                if not 0 <= level < task.n_levels:
+                    raise ValueError(f"validation.synthetic_levels: level {level} outside 0..{task.n_levels - 1} "
+                                     f"for task {name!r}")
+                instance = task.generate(heldout_seed(draw), level)
+                draw += 1
+                if instance.id in training_ids or instance.id in seen:
+                    continue
+                seen.add(instance.id)
+                item = _synthetic_item(task, instance, kind, made % 2 == 1, rng)
+                if item is None:
+                    continue
+                items.append({**item, "item_id": stable_id(origin, instance.id, kind if kind != "pairwise" else "pair"),
+                              "origin": origin, "kind": kind, "source_id": instance.id, "file": None, "line": None})
+                made += 1
     return items
+
+
+def _synthetic_item(task, instance, kind: str, flip: bool, rng: random.Random) -> dict | None:
+    """The item's content; ``flip``: gold second (pairwise) or the perturbation shown (grade)."""
+    from tasks.genrm.synthetic import judge_grade, judge_pair
+
+    if kind == "pairwise":
+        pair = judge_pair(task, instance, gold_second=flip, rng=rng)
+        return None if pair is None else {"prompt": pair.question, "ground_truth": pair.gold, "first": pair.first,
+                                          "second": pair.second, "label": pair.label}
+    if kind == "grade":
+        grade = judge_grade(task, instance, consistent=not flip, rng=rng)
+        return None if grade is None else {"prompt": grade.question, "ground_truth": grade.ground_truth,
+                                           "first": None, "second": grade.response, "label": grade.label}
+    raise ValueError(f"validation.synthetic_kinds: unknown kind {kind!r} (pairwise, grade)")
 
 
 def _first_field(data: dict, names: Sequence[str]) -> tuple[str | None, Any]:
@@ -221,7 +241,7 @@ def build_judge_benchmark(wh: Warehouse, cfg: ReferencesConfig, labelled_files: 
             training_ids = set(wh.read("synthetic_tasks")["id"].cast(pl.Utf8).to_list())
             parents.append(wh.latest("synthetic_tasks"))
         items += synthetic_benchmark_items(v.synthetic_tasks, v.synthetic_items, v.synthetic_levels, v.seed,
-                                           training_ids, v.synthetic_max_draws)
+                                           training_ids, v.synthetic_max_draws, v.synthetic_kinds)
     user_items, bad = labelled_file_items(list(cfg.validation.labelled_files) + list(labelled_files), run_id)
     items += user_items
     if bad:
@@ -255,22 +275,17 @@ def judge_accuracy(judge: GenRMJudge, benchmark: pl.DataFrame, run_id: str | Non
         result.metrics["pairwise_unreadable"] = sum(d.verdict is None for d in decisions) / len(decisions)
         result.metrics["pairwise_items"] = float(len(pairs))
         result.metrics.update(pairwise_sample_metrics(pairs, decisions, "pairwise"))
-        synthetic = [(r, d) for r, d in zip(pairs, decisions) if str(r["origin"]).startswith(ORIGIN_SYNTHETIC)]
-        if synthetic:
-            result.metrics.update(pairwise_sample_metrics(*zip(*synthetic), "synthetic"))
-            for origin in sorted({r["origin"] for r, _ in synthetic}):
-                mine = [(r, d) for r, d in synthetic if r["origin"] == origin]
-                result.metrics.update(pairwise_sample_metrics(*zip(*mine), origin.replace(":", "_")))
+        for name, items, decided in synthetic_groups(pairs, decisions):
+            result.metrics.update(pairwise_sample_metrics(items, decided, name))
         for r, d in zip(pairs, decisions):
             result.judgments += judgment_rows(d.samples, run_id=run_id, context="benchmark", kind="pairwise",
                                               prompt_id=r["item_id"], match_id=None, first_id="first",
                                               second_id="second", judge_model=judge.model_name)
     if grades:
         decisions = judge.grade([GradeRequest(r["prompt"], r["ground_truth"] or "", r["second"]) for r in grades])
-        hits = [d.reward is not None and (d.reward >= 0.5) == bool(r["label"]) for r, d in zip(grades, decisions)]
-        result.metrics["grade_accuracy"] = sum(hits) / len(hits)
-        result.metrics["grade_unreadable"] = sum(d.reward is None for d in decisions) / len(decisions)
-        result.metrics["grade_items"] = float(len(grades))
+        result.metrics.update(grade_metrics(grades, decisions, ""))
+        for name, items, decided in synthetic_groups(grades, decisions):
+            result.metrics.update(grade_metrics(items, decided, name + "_"))
         for r, d in zip(grades, decisions):
             result.judgments += judgment_rows(d.samples, run_id=run_id, context="benchmark", kind="grade",
                                               prompt_id=r["item_id"], match_id=None, first_id="response",
@@ -280,6 +295,16 @@ def judge_accuracy(judge: GenRMJudge, benchmark: pl.DataFrame, run_id: str | Non
     if any(w for w in weights):
         result.metrics["accuracy"] = sum((a or 0.0) * w for a, w in zip(scored, weights)) / sum(weights)
     return result
+
+
+def synthetic_groups(items: Sequence[dict], decisions: Sequence) -> list[tuple[str, list, list]]:
+    """(metric prefix, items, decisions) for all synthetic items together ("synthetic") and
+    for each task ("synthetic_<task>"); empty when no item is synthetic."""
+    synthetic = [(r, d) for r, d in zip(items, decisions) if str(r["origin"]).startswith(ORIGIN_SYNTHETIC)]
+    groups = [("synthetic", synthetic)] if synthetic else []
+    for origin in sorted({r["origin"] for r, _ in synthetic}):
+        groups.append((origin.replace(":", "_"), [(r, d) for r, d in synthetic if r["origin"] == origin]))
+    return [(name, [r for r, _ in pairs], [d for _, d in pairs]) for name, pairs in groups]
 
 
 def pairwise_sample_metrics(items: Sequence[dict], decisions: Sequence, prefix: str) -> dict[str, float]:
@@ -301,6 +326,22 @@ def pairwise_sample_metrics(items: Sequence[dict], decisions: Sequence, prefix: 
             f"{prefix}_sample_accuracy": right / n if n else 0.0,
             f"{prefix}_decision_accuracy": sum(d.verdict == r["label"] for r, d in zip(items, decisions)) / len(items),
             f"{prefix}_samples": float(n)}
+
+
+def p_above_chance(hits: int, n: int, chance: float = 0.5) -> float:
+    """One-sided exact binomial p-value: the chance of ``hits`` or more of ``n`` by guessing."""
+    return float(sum(math.comb(n, k) * chance ** k * (1 - chance) ** (n - k) for k in range(hits, n + 1)))
+
+
+def grade_metrics(items: Sequence[dict], decisions: Sequence, prefix: str) -> dict[str, float]:
+    """``<prefix>grade_accuracy``: (reward >= 0.5) == label, an unreadable grade counting as
+    wrong; ``<prefix>grade_p_vs_chance``: how likely that accuracy is by guessing (labels
+    are balanced on the synthetic items, so chance is 0.5)."""
+    hits = sum(d.reward is not None and (d.reward >= 0.5) == bool(r["label"]) for r, d in zip(items, decisions))
+    n = len(items)
+    return {f"{prefix}grade_accuracy": hits / n, f"{prefix}grade_p_vs_chance": p_above_chance(hits, n),
+            f"{prefix}grade_unreadable": sum(d.reward is None for d in decisions) / n,
+            f"{prefix}grade_items": float(n)}
 
 
 def best_of_n_choice(rewards: Sequence[float | None], rng: random.Random) -> int:
@@ -371,3 +412,24 @@ def run_judge_validation(wh: Warehouse, cfg: ReferencesConfig, judge: GenRMJudge
     refs = {"judge_benchmark": bench_ref,
             "judgments": wh.write("judgments", frame, mode="append", parents=[bench_ref])}
     return metrics, refs
+
+
+# -- reading the results back ----------------------------------------------------------------
+
+_JUDGE_COLUMNS = {"grade_accuracy": "grade accuracy", "grade_p_vs_chance": "p (vs chance 0.5)",
+                  "sample_accuracy": "pairwise accuracy", "parseable": "pairwise parseable"}
+_JUDGE_METRIC = re.compile(r"^(?P<group>synthetic(?:_[a-z0-9_]+?)?)_(?P<what>" + "|".join(_JUDGE_COLUMNS) + r")$")
+
+
+def judge_table(metrics: dict[str, float]) -> list[dict]:
+    """The judge on held-out synthetic items, one row per group (all synthetic items, then each
+    task): grade accuracy and its p-value against guessing, pairwise per-sample accuracy and
+    the share of pairwise samples the parser read. ``metrics``: ``run_judge_validation``'s keys
+    (a ``genrm.`` prefix, as logged to MLflow, is accepted). Empty without synthetic items."""
+    rows: dict[str, dict] = {}
+    for name, value in metrics.items():
+        m = _JUDGE_METRIC.match(name.removeprefix("genrm."))
+        if m:
+            group = m["group"].removeprefix("synthetic").removeprefix("_") or "all synthetic"
+            rows.setdefault(group, {"items": group})[_JUDGE_COLUMNS[m["what"]]] = float(value)
+    return [rows[g] for g in sorted(rows, key=lambda g: (g != "all synthetic", g))]

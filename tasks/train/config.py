@@ -188,8 +188,13 @@ class DataConfig(_Strict):
     rl_requires_difficulty: bool = Field(
         True, description="RL trains only on prompts a difficulty run kept; off: undecided prompts train too")
     judge_examples_per_task: int = Field(
-        0, ge=0, description="GenRM pairwise examples (gold vs a rejected perturbation, verdict as response) "
-                             "per SFT-side synthetic task added to sft_data; 0 = none")
+        0, ge=0, description="GenRM judge examples per SFT-side synthetic task added to sft_data (grade: gold or a "
+                             "rejected perturbation vs the ground truth; pairwise: gold vs perturbation); 0 = none. "
+                             "Drawn from every SFT-side instance, not capped by synthetic_per_task")
+    judge_pairwise_share: float = Field(
+        0.2, ge=0.0, le=1.0, description="share of the judge examples that are pairwise (the rest are grade)")
+    judge_max_chars: int = Field(
+        JudgeConfig.model_fields["max_response_chars"].default, ge=100, description="text cut in the judge examples' prompts; match the judge's max_response_chars")
 
 
 class TrainConfig(_Strict):

@@ -158,9 +158,11 @@ def _cap_per_task(df: pl.DataFrame, cap: int | None) -> pl.DataFrame:
     return df.sort("id").group_by("task", maintain_order=True).head(cap)
 
 
-def side_rows(wh: Warehouse, side: str, cfg: TrainConfig, refs: list[TableRef]) -> dict[str, dict]:
+def side_rows(wh: Warehouse, side: str, cfg: TrainConfig, refs: list[TableRef],
+              cap: bool = True) -> dict[str, dict]:
     """Every row one side may train on, by id: its curated pool, then the synthetic
-    instances assigned to it. Never raw ``prompts``: curation chose the text that trains."""
+    instances assigned to it (at most ``data.synthetic_per_task`` per task unless ``cap``
+    is off). Never raw ``prompts``: curation chose the text that trains."""
     pool_name = POOL_TABLES[side]
     out: dict[str, dict] = {}
     pool, ref = _read(wh, pool_name)
@@ -174,7 +176,8 @@ def side_rows(wh: Warehouse, side: str, cfg: TrainConfig, refs: list[TableRef]) 
             raise ValueError(f"{sref} has no 'split' column (written before synthetic instances had a side): "
                              "re-run `posttrain synthesize`")
         refs.append(sref)
-        mine = _cap_per_task(synth.filter(pl.col("split") == side), cfg.data.synthetic_per_task)
+        mine = synth.filter(pl.col("split") == side)
+        mine = _cap_per_task(mine, cfg.data.synthetic_per_task) if cap else mine
         for r in mine.iter_rows(named=True):
             out.setdefault(r["id"], {**r, "_table": "synthetic_tasks"})
     return out
@@ -190,9 +193,13 @@ def sft_source_rows(wh: Warehouse, cfg: TrainConfig) -> tuple[list[dict], list[T
         if response:
             rows.append({"source_table": r["_table"], "source_id": pid, "domain": r.get("domain") or "general",
                          "prompt": r.get("prompt") or "", "response": response})
-    if cfg.data.judge_examples_per_task:  # the GenRM verdict format, on pairs of SFT-side instances
+    if cfg.data.judge_examples_per_task:  # the GenRM judge's jobs, on SFT-side instances
         from tasks.train.judge_data import judge_sft_rows
-        rows += judge_sft_rows(sft_side, cfg.data.judge_examples_per_task, cfg.seed)
+
+        # the policy's own answer rows stay capped; the judge draws on every SFT-side instance
+        judge_side = side_rows(wh, "sft", cfg, [], cap=False)
+        rows += judge_sft_rows(judge_side, cfg.data.judge_examples_per_task, cfg.seed,
+                               cfg.data.judge_pairwise_share, cfg.data.judge_max_chars)
     return rows, refs
 
 

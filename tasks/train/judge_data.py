@@ -1,61 +1,111 @@
-"""GenRM judge examples inside SFT: the policy learns the verdict format on pairs it can check.
+"""GenRM judge examples inside SFT: the policy learns the judge's two jobs on items it can check.
 
-For SFT-side synthetic instances, the gold answer and a verifier-rejected perturbation
-become Answer 1 / Answer 2 of the judge's own pairwise prompt (``tasks.genrm.prompts``,
-through ``tasks.genrm.synthetic``), and the response is the verdict the parser reads back
-(``[[-1]]``: Answer 1 better, ``[[1]]``: Answer 2 better). Within a task the gold's slot
-alternates over a seeded shuffle of the instances: both orders, balanced, so position
-alone never predicts the verdict.
+From SFT-side synthetic instances (``tasks.genrm.synthetic``), in the judge's own prompts:
+
+- **grade** examples: the gold answer or a verifier-rejected perturbation graded against
+  the ground truth; the response is the bare grade (``[[5]]`` consistent, ``[[1]]`` not).
+  Every instance used gives both, so the two grades are exactly balanced and the verdict
+  can only come from comparing the response with the ground truth.
+- **pairwise** examples: gold vs a rejected perturbation as Answer 1 / Answer 2, the
+  response the correct answer then the verdict (``[[-1]]``: Answer 1 better, ``[[1]]``:
+  Answer 2 better). Within a task the gold's slot alternates over a seeded shuffle:
+  both orders, balanced, so position alone never predicts the verdict. These teach the
+  comparison format the references flow and the RL GenRM read; judging which of two
+  answers is right needs solving the task, so their accuracy follows the policy's.
+
+About ``pairwise_share`` of a task's ``per_task`` examples are pairwise, the rest grade (an
+even number); grade and pairwise examples come from different instances.
 
 Rows are shaped like every other ``sft_data`` source row, with ``domain = "judge"``,
-``source_table = "synthetic_tasks"`` and ``source_id`` the instance the pair came from;
+``source_table = "synthetic_tasks"`` and ``source_id`` the instance the item came from;
 their prompt *contains* the instance's prompt instead of equalling it.
 """
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
 
 from tasks.genrm.config import JudgeConfig
-from tasks.genrm.synthetic import judge_pair, judge_response
+from tasks.genrm.synthetic import grade_text, judge_grade, judge_pair, judge_response
 
 JUDGE_DOMAIN = "judge"
 # candidates and question are shown whole: tiny prompts are far below the default cut
 DEFAULT_MAX_CHARS = JudgeConfig().max_response_chars
 
 
-def judge_sft_rows(rows: dict[str, dict], per_task: int, seed: int,
+def _task_instances(rows: dict[str, dict]) -> dict[str, list[dict]]:
+    by_task: dict[str, list[dict]] = {}
+    for pid, r in rows.items():
+        if r.get("_table") == "synthetic_tasks" and r.get("task"):
+            by_task.setdefault(str(r["task"]), []).append({**r, "_id": pid})
+    return by_task
+
+
+def _take(candidates: Iterator[dict], wanted: int, max_chars: int,
+          make: Callable[[object, int], list[dict]]) -> list[dict]:
+    """Examples from instances in turn until ``wanted``; ``make(instance, made_so_far)`` gives an
+    instance's examples (none when it yields no valid item). An instance pulled is an instance used.
+
+    An instance whose question is longer than ``max_chars`` is skipped: the judge's prompt
+    would cut it, teaching a verdict on a problem it cannot see whole (and the audit would
+    rightly find a training prompt that no longer contains its instance).
+    """
+    from tasks.verify.registry import synth_instance
+
+    out: list[dict] = []
+    for r in candidates if wanted > 0 else ():
+        if len(str(r.get("prompt") or "")) > max_chars:
+            continue
+        try:
+            made = make(synth_instance(r), len(out))
+        except Exception:  # noqa: BLE001, S112 - a row that cannot be rebuilt is skipped
+            continue
+        out += [{"source_id": r["_id"], **ex} for ex in made]
+        if len(out) >= wanted:
+            break
+    return out
+
+
+def _grade_examples(task, candidates: Iterator[dict], wanted: int, rng: random.Random,
+                    max_chars: int) -> list[dict]:
+    """``wanted`` grade examples, two per instance (consistent, then inconsistent)."""
+    def make(instance, _made: int) -> list[dict]:
+        items = [judge_grade(task, instance, consistent, rng) for consistent in (True, False)]
+        if any(item is None for item in items):
+            return []  # both grades or neither: the balance is what makes the verdict a comparison
+        return [{"prompt": item.prompt(max_chars), "response": grade_text(bool(item.label))} for item in items]
+    return _take(candidates, wanted, max_chars, make)
+
+
+def _pairwise_examples(task, candidates: Iterator[dict], wanted: int, rng: random.Random,
+                       max_chars: int) -> list[dict]:
+    """``wanted`` pairwise examples, the gold's slot alternating."""
+    def make(instance, made: int) -> list[dict]:
+        pair = judge_pair(task, instance, gold_second=made % 2 == 1, rng=rng)
+        return [] if pair is None else [{"prompt": pair.prompt(max_chars),
+                                         "response": judge_response(pair.gold, pair.label)}]
+    return _take(candidates, wanted, max_chars, make)
+
+
+def judge_sft_rows(rows: dict[str, dict], per_task: int, seed: int, pairwise_share: float = 0.0,
                    max_chars: int = DEFAULT_MAX_CHARS) -> list[dict]:
     """Up to ``per_task`` judge examples per synthetic task from side rows (``side_rows``)."""
     if per_task <= 0:
         return []
     from tasks.synth.registry import get_task
-    from tasks.verify.registry import synth_instance
 
-    by_task: dict[str, list[dict]] = {}
-    for pid, r in rows.items():
-        if r.get("_table") == "synthetic_tasks" and r.get("task"):
-            by_task.setdefault(str(r["task"]), []).append({**r, "_id": pid})
     out: list[dict] = []
-    for name in sorted(by_task):
+    for name, instances in sorted(_task_instances(rows).items()):
         try:
             task = get_task(name)
         except Exception:  # noqa: BLE001, S112 - an unknown task just yields no judge examples
             continue
-        candidates = sorted(by_task[name], key=lambda r: r["_id"])
+        candidates = sorted(instances, key=lambda r: r["_id"])
         rng = random.Random(f"judge:{seed}:{name}")
         rng.shuffle(candidates)
-        made = 0
-        for r in candidates:
-            if made >= per_task:
-                break
-            try:
-                instance = synth_instance(r)
-                pair = judge_pair(task, instance, gold_second=made % 2 == 1, rng=rng)
-            except Exception:  # noqa: BLE001 - a row that cannot be rebuilt is skipped
-                pair = None
-            if pair is None:
-                continue
-            out.append({"source_table": "synthetic_tasks", "source_id": r["_id"], "domain": JUDGE_DOMAIN,
-                        "prompt": pair.prompt(max_chars), "response": judge_response(pair.gold, pair.label)})
-            made += 1
+        pending = iter(candidates)  # shared: grade and pairwise examples use different instances
+        n_grade = 2 * (round(per_task * (1.0 - pairwise_share)) // 2)  # whole consistent/inconsistent pairs
+        examples = _grade_examples(task, pending, n_grade, rng, max_chars)
+        examples += _pairwise_examples(task, pending, per_task - n_grade, rng, max_chars)
+        out += [{"source_table": "synthetic_tasks", "domain": JUDGE_DOMAIN, **ex} for ex in examples]
     return out
