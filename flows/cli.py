@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -149,6 +150,7 @@ def references(
     if res.get("validation"):
         _print_counts({k: v for k, v in res["validation"].items() if isinstance(v, (int, float))},
                       title="judge validation")
+        _print_judge(res)
     console.print(f"MLflow run {res['mlflow_run_id']}")
 
 
@@ -368,6 +370,25 @@ def _print_ladder(ladder: dict) -> None:
     console.print(t)
 
 
+def _print_judge(references: dict) -> None:
+    """The GenRM judge on held-out items it never trained on, against chance."""
+    from tasks.genrm.validation import judge_table
+    rows = judge_table(references.get("validation") or {})
+    if not rows:
+        return
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    t = Table(title="GenRM judge on held-out synthetic items (chance: 0.5)")
+    for c in columns:
+        t.add_column(c, justify="left" if c == "items" else "right", no_wrap=c == "items")
+    for r in rows:
+        t.add_row(*[r[c] if c == "items" else "" if c not in r else
+                    (f"{r[c]:.1e}" if c.startswith("p ") else f"{r[c]:.2f}") for c in columns])
+    console.print(t)
+    if "unparseable_share" in references and references.get("games"):
+        console.print(f"  reference tournaments: {references['games']:.0f} games, "
+                      f"{1 - references['unparseable_share']:.0%} of judge samples parseable")
+
+
 def _print_summary(res: dict, elapsed: float, home: Optional[str]) -> None:
     from warehouse import Warehouse
     wh = Warehouse(home)
@@ -377,6 +398,8 @@ def _print_summary(res: dict, elapsed: float, home: Optional[str]) -> None:
         if isinstance(out, dict) and "mlflow_run_id" in out:
             how = "skipped (unchanged), last" if out.get("skipped") else ""
             console.print(f"  {stage:<12} {how} MLflow run {out['mlflow_run_id']}")
+    if isinstance(res.get("references"), dict):
+        _print_judge(res["references"])
     if "evaluate" in res and res["evaluate"].get("ladder"):
         _print_ladder(res["evaluate"]["ladder"])
     elif "evaluate" in res and res["evaluate"].get("pass_at_k"):
@@ -438,8 +461,21 @@ def gc(home: Optional[str] = HomeOpt, older_than: float = typer.Option(3600, hel
     console.print(f"removed {len(removed)} orphaned snapshot director{'y' if len(removed) == 1 else 'ies'}")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so ``finally`` blocks and exit handlers stop child servers."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
 def main() -> None:
-    """Entry point: errors become one line on stderr and a non-zero exit."""
+    """Entry point: errors become one line on stderr and a non-zero exit.
+
+    SIGTERM stops a command as Ctrl-C does (``ui`` and ``serve`` stop their servers, ``run``
+    its temporary Prefect API), exiting 143 instead of 130.
+    """
+    signal.signal(signal.SIGTERM, _on_sigterm)
     # click's UsageError as vendored by this typer (bad arguments: exit 2)
     usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
     # The ephemeral Prefect API stops at exit while its event recorder may still be flushing;
@@ -456,6 +492,8 @@ def main() -> None:
     except usage_error as e:
         err_console.print(f"error: {e.format_message()}", highlight=False)
         sys.exit(2)
+    except Terminated:
+        sys.exit(143)
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as e:  # one clear line, not a traceback

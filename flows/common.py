@@ -28,7 +28,8 @@ class FlowContext:
 
 @contextmanager
 def flow_context(stage: str, profile: str, home: str | None = None,
-                 params: dict[str, Any] | None = None, sections: tuple[str, ...] = ()) -> Iterator[FlowContext]:
+                 params: dict[str, Any] | None = None, sections: tuple[str, ...] = (),
+                 run_name: str | None = None) -> Iterator[FlowContext]:
     prof = load_profile(profile)
     wh = Warehouse(home)
     tags = {"posttrain.profile": prof.name, "posttrain.config_hash": prof.config_hash(*sections)}
@@ -39,7 +40,7 @@ def flow_context(stage: str, profile: str, home: str | None = None,
     uri = None if tracking.current_run_id() else (
         prof.core.tracking_uri or os.environ.get(tracking.TRACKING_URI_ENV) or tracking.default_tracking_uri(wh.home))
     with tracking.tracked_run(stage, params=run_params, tags=tags, experiment=prof.core.experiment,
-                              tracking_uri=uri) as run_id:
+                              tracking_uri=uri, run_name=run_name) as run_id:
         yield FlowContext(prof, wh, run_id)
 
 

@@ -150,6 +150,18 @@ def ladder_frame(ladder: dict[str, dict[str, float]]) -> pl.DataFrame:
     return pl.DataFrame(rows) if rows else pl.DataFrame()
 
 
+def judge_frame(family: RunFamily) -> pl.DataFrame:
+    """The judge validation of the family's references run, one row per group of items."""
+    from tasks.genrm.validation import judge_table
+
+    metrics: dict[str, float] = {}
+    for _key, r in family.keyed():
+        metrics.update(r.data.metrics)
+    rows = [{k: v if not isinstance(v, float) else float(f"{v:.2g}") if k.startswith("p ") else round(v, 4)
+             for k, v in row.items()} for row in judge_table(metrics)]
+    return pl.DataFrame(rows) if rows else pl.DataFrame()
+
+
 def funnel(wh: Warehouse | None, family: RunFamily) -> pl.DataFrame:
     """Rows removed per (stage, reason) by the family's runs: decisions plus quarantined input."""
     schema = {"stage": pl.Utf8, "reason": pl.Utf8, "rows": pl.Int64}
@@ -248,10 +260,26 @@ def _plt():
     return plt
 
 
+def pick_curves(names: set[str], limit: int) -> list[str]:
+    """At most ``limit`` of the ``stage/metric`` curves: each stage's mean reward first, then
+    one more per stage in turn (RL first), so no stage is crowded out by another's many metrics."""
+    ordered = sorted(names, key=lambda n: (not n.endswith("reward_mean"), n))
+    by_stage: dict[str, list[str]] = {}
+    for name in ordered:
+        by_stage.setdefault(name.split("/", 1)[0], []).append(name)
+    stages = sorted(by_stage, key=lambda st: (st != "rl", st))
+    out: list[str] = []
+    while len(out) < limit and any(by_stage.values()):
+        for stage in stages:
+            if by_stage[stage] and len(out) < limit:
+                out.append(by_stage[stage].pop(0))
+    return out
+
+
 def reward_curves_figure(curves: dict[str, dict[str, list[tuple[int, float]]]]):
     """One panel per metric, one line per run."""
     plt = _plt()
-    names = sorted({name for per_run in curves.values() for name in per_run})[:MAX_CURVES]
+    names = pick_curves({name for per_run in curves.values() for name in per_run}, MAX_CURVES)
     if not names:
         return None
     fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
@@ -382,15 +410,21 @@ def _html_table(frame: pl.DataFrame, empty: str = "none") -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _collapsible(title: str, body: str) -> str:
+    """A long section folded away under its heading (hundreds of rows would bury the summary)."""
+    return f"<details><summary><h2 style='display:inline'>{html.escape(title)}</h2></summary>{body}</details>"
+
+
 def _stage_rows(family: RunFamily) -> pl.DataFrame:
     rows = []
     for key, r in family.keyed():
         start, end = r.info.start_time, r.info.end_time
-        rows.append({"stage": key, "status": r.info.status, "run_id": r.info.run_id,
+        rows.append({"stage": key, "run": r.info.run_name, "status": r.info.status, "run_id": r.info.run_id,
                      "seconds": round((end - start) / 1000, 1) if start and end else None,
                      "profile": r.data.tags.get("posttrain.profile"),
                      "config_hash": r.data.tags.get("posttrain.config_hash")})
-    return pl.DataFrame(rows, schema={"stage": pl.Utf8, "status": pl.Utf8, "run_id": pl.Utf8, "seconds": pl.Float64,
+    return pl.DataFrame(rows, schema={"stage": pl.Utf8, "run": pl.Utf8, "status": pl.Utf8, "run_id": pl.Utf8,
+                                      "seconds": pl.Float64,
                                       "profile": pl.Utf8, "config_hash": pl.Utf8})
 
 
@@ -443,6 +477,8 @@ def write_run_report(run_id: str, home: str | os.PathLike | None = None, out_dir
         "<h2>What each training stage did: held-out pass@1</h2>",
         _html_table(ladder_frame(ladder), "no per-stage evaluation in this run"),
         _img(plots.get("ladder"), "held-out pass@1 per family after base, SFT, DPO and RL"),
+        "<h2>The GenRM judge on held-out items (chance: 0.5)</h2>",
+        _html_table(judge_frame(family), "no judge validation on synthetic items in this run"),
         "<h2>Held-out pass@k of the final model</h2>", _html_table(eval_frame.rename({"a": "pass_at_k"}), "no evaluation in this run"),
         _img(plots.get("pass_at_k"), "held-out pass@k"),
         "<h2>Data funnel: rows removed per stage and reason</h2>",
@@ -450,8 +486,8 @@ def write_run_report(run_id: str, home: str | os.PathLike | None = None, out_dir
         _img(plots.get("funnel"), "rows removed per stage and reason"),
         "<h2>Reward curves</h2>", _img(plots.get("reward_curves"), "reward curves") or "<p><em>no reward metrics</em></p>",
         "<h2>Datasets</h2>", _html_table(_dataset_rows(family), "no datasets logged"),
-        "<h2>Final metrics</h2>", _html_table(metrics),
-        "<h2>Parameters</h2>", _html_table(params),
+        _collapsible(f"Final metrics ({metrics.height})", _html_table(metrics)),
+        _collapsible(f"Parameters ({params.height})", _html_table(params)),
         "</body></html>",
     ]
     report = out / "report.html"

@@ -29,6 +29,7 @@ from flows.ingest import ingest_flow
 from flows.references import references_flow
 from flows.synthesize import synthesize_flow
 from flows.train import train_stage_flow
+from tasks import tracking
 from warehouse import Warehouse
 
 
@@ -168,4 +169,37 @@ def pipeline_flow(profile: str = "tiny", stages: list[str] | None = None, home: 
     # after the parent run is closed, so the report sees final stage timings
     results["report"] = str(write_run_report(results["mlflow_run_id"], home=home))
     log.info("run report: %s", results["report"])
+    publish_summary(results)
     return results
+
+
+def run_summary_markdown(results: dict[str, Any]) -> str:
+    """What the Prefect flow run shows on its Artifacts tab: where the run lives in MLflow,
+    the report, and the held-out table when the run evaluated."""
+    from tasks.evaluate import ladder_order
+
+    lines = ["# posttrain run", "",
+             f"- MLflow run: `{results['mlflow_run_id']}` (tracking store `{tracking.mlflow.get_tracking_uri()}`)",
+             f"- report: `{results['report']}`"]
+    audit = results.get("audit")
+    if isinstance(audit, dict) and "passed" in audit:
+        lines.append(f"- audit: {'passed' if audit['passed'] else 'FAILED'}, {audit.get('violations', 0)} violation(s)")
+    ladder = (results.get("evaluate") or {}).get("ladder") or {}
+    if ladder:
+        stages = list(dict.fromkeys(s for v in ladder.values() for s in v))
+        lines += ["", "## Held-out pass@1 after each stage", "", "| benchmark | " + " | ".join(stages) + " |",
+                  "|---|" + "---:|" * len(stages)]
+        for bench in ladder_order(ladder):
+            lines.append(f"| {bench} | " + " | ".join(f"{ladder[bench][s]:.3f}" if s in ladder[bench] else ""
+                                                       for s in stages) + " |")
+    return "\n".join(lines)
+
+
+def publish_summary(results: dict[str, Any]) -> None:
+    """The run summary as a Prefect markdown artifact on this flow run (a no-op outside Prefect)."""
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.runtime import flow_run
+
+    if flow_run.get_id():
+        create_markdown_artifact(run_summary_markdown(results), key="posttrain-run-summary",
+                                 description=f"MLflow run {results['mlflow_run_id']}")

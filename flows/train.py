@@ -79,14 +79,28 @@ def train_stage_task(stage: str, home: str, profile: str, run_name: str, init_mo
         job = StageJob(stage=stage, home=home, run_name=run_name, profile=profile, init_model=init_model,
                        data_ref=str(ref), config=cfg, fingerprint=fingerprint, mlflow_run_id=run_id,
                        tracking_uri=tracking.mlflow.get_tracking_uri())
-        skipped = _prepare_stage_dir(job, resume)
-        result = checkpoint.read_done(job.stage_path) if skipped else execute_stage(job)
+        if _stage_rows(wh, ref, stage) == 0:
+            # e.g. no example is long enough for a long stage: nothing to learn, the model goes on as is
+            flow_logger().warning("train %s: no rows of %s fall in this stage's range; the model passes "
+                                  "through unchanged", stage, ref)
+            skipped, result = False, {"path": init_model, "steps": 0, "final_loss": None, "seconds": 0.0,
+                                      "passed_through": True}
+            tracking.set_tags({"posttrain.passed_through": True})
+        else:
+            skipped = _prepare_stage_dir(job, resume)
+            result = checkpoint.read_done(job.stage_path) if skipped else execute_stage(job)
         model_ref = register_model(wh, run_name=run_name, stage=stage, result=result, init_model=init_model,
                                    profile=profile, parents=[ref], config_hash=config_hash,
                                    mlflow_run_id=run_id, log_weights_max_mb=conf.log_weights_max_mb)
         tracking.log_table(model_ref, context="output")
         tracking.set_tags({"posttrain.skipped": skipped})
         return {**result, "mlflow_run_id": run_id, "skipped": skipped, "models": str(model_ref), "data": str(ref)}
+
+
+def _stage_rows(wh: Warehouse, ref: TableRef, stage: str) -> int:
+    """Rows of the stage's table snapshot this stage trains on (its ``stage`` column, if any)."""
+    df = wh.read(ref.name, ref.snapshot)
+    return df.filter(pl.col("stage") == stage).height if "stage" in df.columns else df.height
 
 
 def _model_identity(path: str) -> str:
@@ -168,14 +182,25 @@ def handle_length_bias_events(events: list[dict], cfg: LengthBiasConfig, profile
     return out
 
 
-@flow(name="train", log_prints=True)
+def _train_flow_run_name() -> str:
+    """Prefect flow-run name of ``train_flow``: the stages it trains (``train sft_short``)."""
+    from prefect.runtime import flow_run
+
+    return train_run_title(flow_run.parameters.get("stages"))
+
+
+def train_run_title(stages: list[str] | None) -> str:
+    return "train " + (" + ".join(stages) if stages else "all stages")
+
+
+@flow(name="train", log_prints=True, flow_run_name=_train_flow_run_name)
 def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str] | None = None,
                resume: bool = True, run_name: str | None = None) -> dict:
     """Run the training stages in order, each starting from the previous stage's model."""
     log = flow_logger()
     report_progress("train", "start")
     with flow_context("train", profile, home, {"stages": stages or "all", "resume": resume},
-                      sections=("train", "model")) as ctx:
+                      sections=("train", "model"), run_name=train_run_title(stages)) as ctx:
         cfg = ctx.profile.section("train", TrainConfig)
         wh, home_str = ctx.wh, str(ctx.wh.home)
         config_hash = ctx.profile.config_hash("train", "model")
@@ -211,7 +236,7 @@ def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str]
                 "tables": {**data_refs, **({"models": str(wh.latest("models"))} if wh.exists("models") else {})}}
 
 
-@flow(name="train-stage")
+@flow(name="train-stage", flow_run_name="{stage}")
 def train_stage_flow(stage: str, profile: str = "tiny", home: str | None = None, resume: bool = True,
                      run_name: str | None = None) -> dict:
     """One stage on its own (it starts from this run's previous stage's model, else the base)."""

@@ -43,18 +43,26 @@ def configure(tracking_uri: str | None = None, home: str | os.PathLike | None = 
     return uri
 
 
+# MLflow 3's UI opens an experiment in its GenAI view (traces, evaluations) unless the
+# experiment says it holds model training; the tag is what the UI reads.
+EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
+
+
 def ensure_experiment(name: str, home: str | os.PathLike | None = None) -> str:
+    """The experiment's id, created (as a model-training experiment) if it does not exist."""
     client = MlflowClient()
     exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    artifact_root = posttrain_home(home) / "artifacts" / "mlflow"
-    artifact_root.mkdir(parents=True, exist_ok=True)
-    try:
-        return client.create_experiment(name, artifact_location=artifact_root.as_uri())
-    except mlflow.exceptions.MlflowException:
-        # created concurrently by another process
-        return client.get_experiment_by_name(name).experiment_id
+    if exp is None:
+        artifact_root = posttrain_home(home) / "artifacts" / "mlflow"
+        artifact_root.mkdir(parents=True, exist_ok=True)
+        try:
+            return client.create_experiment(name, artifact_location=artifact_root.as_uri(),
+                                            tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
+        except mlflow.exceptions.MlflowException:
+            exp = client.get_experiment_by_name(name)  # created concurrently by another process
+    if EXPERIMENT_KIND_TAG not in exp.tags:  # made by an older version, or by hand
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+    return exp.experiment_id
 
 
 def current_run_id() -> str | None:
@@ -68,6 +76,9 @@ def _prefect_context_tags() -> dict[str, str]:
         if flow_run.get_id():
             tags["prefect.flow_run_id"] = str(flow_run.get_id())
             tags["prefect.flow_name"] = str(flow_run.get_flow_name())
+            from prefect.settings import PREFECT_UI_URL
+            if PREFECT_UI_URL.value():  # a served Prefect (not the run's temporary API): link back to it
+                tags["prefect.flow_run_url"] = str(flow_run.get_flow_run_ui_url())
         if task_run.get_id():
             tags["prefect.task_run_id"] = str(task_run.get_id())
     except Exception:  # not inside Prefect
@@ -83,8 +94,12 @@ def tracked_run(
     experiment: str | None = None,
     parent_run_id: str | None = None,
     tracking_uri: str | None = None,
+    run_name: str | None = None,
 ) -> Iterator[str]:
     """Start a run (nested under the current one if any) and yield its id.
+
+    ``name`` is the stage (the ``posttrain.stage`` tag); ``run_name``, what the UI shows,
+    defaults to it.
 
     Without ``tracking_uri`` a nested run stays in its parent's store and a top-level run
     uses ``$MLFLOW_TRACKING_URI`` or the SQLite store under ``$POSTTRAIN_HOME``.
@@ -100,10 +115,10 @@ def tracked_run(
         experiment_id = client.get_run(parent).info.experiment_id
     else:
         experiment_id = ensure_experiment(experiment or os.environ.get("POSTTRAIN_EXPERIMENT", "posttrain"))
-    all_tags = {"mlflow.runName": name, "posttrain.stage": name, **_prefect_context_tags(), **(tags or {})}
+    all_tags = {"mlflow.runName": run_name or name, "posttrain.stage": name, **_prefect_context_tags(), **(tags or {})}
     if parent:
         all_tags["mlflow.parentRunId"] = parent
-    run = client.create_run(experiment_id, tags=all_tags, run_name=name)
+    run = client.create_run(experiment_id, tags=all_tags, run_name=run_name or name)
     run_id = run.info.run_id
     token = _current_run.set(run_id)
     # child processes (launcher-started training ranks) log to the same run and store

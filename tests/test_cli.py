@@ -77,6 +77,33 @@ def test_ui_starts_both_servers_and_stops(tmp_path):
     assert "Prefect UI: http://127.0.0.1:" in out and "MLflow UI:  http://127.0.0.1:" in out
 
 
+def test_ui_stops_both_servers_on_sigterm(tmp_path):
+    """SIGTERM (a service manager, `kill`) stops `posttrain ui` as Ctrl-C does: no server is left."""
+    import signal
+    import time
+
+    import psutil
+
+    env = {**os.environ, "POSTTRAIN_HOME": str(tmp_path), "COLUMNS": "200"}
+    proc = subprocess.Popen([POSTTRAIN, "ui", "--prefect-port", "0", "--mlflow-port", "0"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = ""
+        deadline = time.time() + 240
+        while "MLflow UI:" not in seen and time.time() < deadline and proc.poll() is None:
+            seen += proc.stdout.readline()
+        assert "Prefect UI: http://127.0.0.1:" in seen and "MLflow UI:" in seen, seen
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) >= 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) in (0, 143)
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, [c.cmdline() for c in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_gc(cli_home):
     assert "removed 0" in cli("gc", home=cli_home).stdout
 

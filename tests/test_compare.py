@@ -108,3 +108,14 @@ def test_run_report_is_logged_to_the_run(two_runs, home):
     client = MlflowClient()
     logged = {f.path for f in client.list_artifacts(a, "report")}
     assert {"report/report.html", "report/reward_curves.png", "report/pass_at_k.png", "report/funnel.png"} <= logged
+
+
+def test_reward_curves_keep_rl_and_every_stage_however_many_metrics_sort_first():
+    from flows.compare import pick_curves
+
+    names = {f"dpo_short/dpo_short.reward_{c}" for c in "abcdefgh"} | {
+        "dpo_short/dpo_short.reward_mean", "rl/rl.reward_mean", "rl/rl.reward_std", "references/genrm.reward_x"}
+    picked = pick_curves(names, 4)
+    assert picked[:2] == ["rl/rl.reward_mean", "dpo_short/dpo_short.reward_mean"]
+    assert "references/genrm.reward_x" in picked and len(picked) == 4
+    assert pick_curves(set(), 6) == []

@@ -30,6 +30,24 @@ def test_pipeline_run_has_child_runs_with_dataset_inputs(home, tmp_path):
         child.data.metrics["ingest.stored_benchmarks"] + child.data.metrics["ingest.quarantined"] + \
         child.data.metrics["ingest.already_present"]
     assert child.data.metrics["ingest.stored_benchmarks"] >= 374 + 164
+    # the Prefect flow run links to its MLflow run and report (an artifact on its page)
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    with get_client(sync_client=True) as prefect:
+        arts = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["posttrain-run-summary"])))
+    mine = [a for a in arts if str(a.flow_run_id) == parent.data.tags["prefect.flow_run_id"]]
+    assert len(mine) == 1 and res["mlflow_run_id"] in mine[0].data and res["report"] in mine[0].data
+    # the UI opens it as a model-training experiment, not in its GenAI (traces) view
+    experiment = client.get_experiment(parent.info.experiment_id)
+    assert experiment.tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
+
+
+def test_an_experiment_made_without_a_kind_gets_one(home):
+    client = _client(home)
+    tracking.configure(f"sqlite:///{home / 'mlflow.db'}")
+    made = client.create_experiment("by-hand")
+    assert tracking.ensure_experiment("by-hand", home) == made
+    assert client.get_experiment(made).tags[tracking.EXPERIMENT_KIND_TAG] == tracking.MODEL_TRAINING_KIND
 
 
 def test_tracked_run_nests_and_restores(home):

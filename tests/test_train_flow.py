@@ -12,6 +12,7 @@ LONG_TASKS = ["skyscraper", "campsite", "calcudoko"]
 
 SHORT_SCHEDULE = {
     "POSTTRAIN__TRAIN__SFT_SHORT__STEPS": "12", "POSTTRAIN__TRAIN__SFT_SHORT__CHECKPOINT_EVERY": "6",
+    "POSTTRAIN__TRAIN__SFT_LONG__STEPS": "8", "POSTTRAIN__TRAIN__SFT_LONG__CHECKPOINT_EVERY": "4",
     "POSTTRAIN__TRAIN__DPO_SHORT__STEPS": "6", "POSTTRAIN__TRAIN__RL__STEPS": "6",
     "POSTTRAIN__TRAIN__RL__CHECKPOINT_EVERY": "3",
 }
@@ -39,6 +40,11 @@ def test_train_flow_runs_every_stage_with_child_runs_and_lineage(home, wh, monke
 
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     parent = client.get_run(res["mlflow_run_id"])
+    # both UIs name the run by what it trains, not "train" / a random Prefect name
+    assert parent.info.run_name == "train all stages" and parent.data.tags["posttrain.stage"] == "train"
+    from prefect.client.orchestration import get_client
+    with get_client(sync_client=True) as prefect:
+        assert prefect.read_flow_run(parent.data.tags["prefect.flow_run_id"]).name == "train all stages"
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     by_stage = {c.data.tags["posttrain.stage"]: c for c in children}
@@ -75,3 +81,13 @@ def test_train_flow_runs_every_stage_with_child_runs_and_lineage(home, wh, monke
         unchanged_so_far = unchanged_so_far and again["stages"][s]["data"] == res["stages"][s]["data"]
         assert again["stages"][s]["skipped"] == unchanged_so_far, s
     assert again["stages"]["sft_short"]["skipped"] and again["stages"]["sft_long"]["skipped"]
+
+    # a stage none of whose rows fall in its length range passes its model on, and says so
+    monkeypatch.setenv("POSTTRAIN__TRAIN__SFT_LONG__MIN_TOKENS", "100000")
+    monkeypatch.setenv("POSTTRAIN__TRAIN__SFT_LONG__MAX_TOKENS", "200000")
+    empty = train_flow(profile="tiny", home=str(home), stages=["sft_long"])
+    passed = empty["stages"]["sft_long"]
+    assert passed["passed_through"] and passed["steps"] == 0 and passed["path"] == empty["base_model"]
+    row = wh.read("models").filter(pl.col("model_id") == f"{empty['run_name']}/sft_long")
+    assert row["path"].to_list() == [empty["base_model"]] and row["steps"].to_list() == [0]
+    assert client.get_run(passed["mlflow_run_id"]).data.tags["posttrain.passed_through"] == "True"

@@ -417,14 +417,16 @@ def run_judge_validation(wh: Warehouse, cfg: ReferencesConfig, judge: GenRMJudge
 # -- reading the results back ----------------------------------------------------------------
 
 _JUDGE_COLUMNS = {"grade_accuracy": "grade accuracy", "grade_p_vs_chance": "p (vs chance 0.5)",
-                  "sample_accuracy": "pairwise accuracy", "parseable": "pairwise parseable"}
+                  "grade_unreadable": "grade unreadable", "sample_accuracy": "pairwise accuracy",
+                  "parseable": "pairwise parseable"}
 _JUDGE_METRIC = re.compile(r"^(?P<group>synthetic(?:_[a-z0-9_]+?)?)_(?P<what>" + "|".join(_JUDGE_COLUMNS) + r")$")
 
 
 def judge_table(metrics: dict[str, float]) -> list[dict]:
     """The judge on held-out synthetic items, one row per group (all synthetic items, then each
-    task): grade accuracy and its p-value against guessing, pairwise per-sample accuracy and
-    the share of pairwise samples the parser read. ``metrics``: ``run_judge_validation``'s keys
+    task): grade accuracy (an unreadable grade counts as wrong), its p-value against guessing
+    and the unreadable share, pairwise per-sample accuracy and the share of pairwise samples
+    the parser read. ``metrics``: ``run_judge_validation``'s keys
     (a ``genrm.`` prefix, as logged to MLflow, is accepted). Empty without synthetic items."""
     rows: dict[str, dict] = {}
     for name, value in metrics.items():
@@ -432,4 +434,5 @@ def judge_table(metrics: dict[str, float]) -> list[dict]:
         if m:
             group = m["group"].removeprefix("synthetic").removeprefix("_") or "all synthetic"
             rows.setdefault(group, {"items": group})[_JUDGE_COLUMNS[m["what"]]] = float(value)
-    return [rows[g] for g in sorted(rows, key=lambda g: (g != "all synthetic", g))]
+    order = ["items", *_JUDGE_COLUMNS.values()]
+    return [{k: rows[g][k] for k in order if k in rows[g]} for g in sorted(rows, key=lambda g: (g != "all synthetic", g))]
