@@ -416,17 +416,22 @@ def _print_summary(res: dict, elapsed: float, home: Optional[str]) -> None:
 def ui(home: Optional[str] = HomeOpt, prefect_port: int = typer.Option(4200, "--prefect-port"),
        mlflow_port: int = typer.Option(5000, "--mlflow-port"),
        duration: float = typer.Option(0, "--duration", help="stop after N seconds (0: until Ctrl-C)")):
-    """Start the Prefect server and the MLflow UI on 127.0.0.1 and print both URLs."""
-    from flows.services import start_mlflow_ui, start_prefect_server
+    """Start the Prefect server (or reuse the one `serve` or another `ui` runs for this home) and
+    the MLflow UI on 127.0.0.1, and print both URLs."""
+    from flows.deploy import ensure_prefect_server
+    from flows.services import start_mlflow_ui
     services: list = []  # whatever started is stopped, even if a later start fails
     try:
         with console.status("starting Prefect and MLflow..."):
-            services.append(start_prefect_server(prefect_port, home))
-            services.append(start_mlflow_ui(mlflow_port, home))
-            for service in services:
-                service.wait_healthy()
-        console.print(f"Prefect UI: {services[0].url}")
-        console.print(f"MLflow UI:  {services[1].url}")
+            api_url, prefect = ensure_prefect_server(home, prefect_port)
+            if prefect is not None:
+                services.append(prefect)
+            mlflow_ui = start_mlflow_ui(mlflow_port, home)
+            services.append(mlflow_ui)
+            mlflow_ui.wait_healthy()
+        reused = "" if prefect is not None else "   (already running for this home: reused)"
+        console.print(f"Prefect UI: {api_url.removesuffix('/api')}{reused}")
+        console.print(f"MLflow UI:  {mlflow_ui.url}")
         console.print("press Ctrl-C to stop" if not duration else f"stopping in {duration:.0f}s")
         deadline = time.time() + duration if duration else None
         while deadline is None or time.time() < deadline:

@@ -45,6 +45,9 @@ def curate_flow(profile: str = "tiny", home: str | None = None, dask_processes: 
         log_curate(result, {"minhash_candidate_jaccard": cfg.minhash.threshold,
                             "semantic_nearest_cosine": cfg.semantic.threshold,
                             "decontam_embedding_cosine": cfg.decontam.embedding_threshold}, run_id=ctx.run_id)
+        if result.counters.get("from_scratch"):
+            log.info("curate: the pools were made with other settings (or unrecorded ones): every prompt "
+                     "is curated again; the previous pool snapshots stay for comparison")
         for stage in result.stages.values():
             log.info("%s: %d in, %d kept, %d removed %s", stage.stage, stage.rows_in, stage.kept,
                      stage.removed_total, dict(stage.removed))

@@ -27,7 +27,15 @@ from typing import Any
 import httpx
 import yaml
 
-from flows.services import Service, bin_path, start_process, free_port, start_prefect_server
+from flows.services import (
+    Service,
+    bin_path,
+    free_port,
+    record_prefect_server,
+    running_prefect_server,
+    start_prefect_server,
+    start_process,
+)
 from warehouse import posttrain_home
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -78,16 +86,22 @@ def api_healthy(api_url: str | None, timeout_s: float = 3.0) -> bool:
 
 
 def ensure_prefect_server(home: str | os.PathLike | None, port: int) -> tuple[str, Service | None]:
-    """(API URL, the server we started or None when an already running one was reused)."""
+    """(API URL, the server we started or None when an already running one was reused):
+    ``PREFECT_API_URL`` when it answers, else the server another ``ui``/``serve`` started for
+    this home, else a new one (recorded for the next)."""
     existing = os.environ.get("PREFECT_API_URL")
     if api_healthy(existing):
         return existing.rstrip("/"), None
+    running = running_prefect_server(home)
+    if running:
+        return f"{running}/api", None
     server = start_prefect_server(port, str(home) if home else None)
     try:
         server.wait_healthy()
     except BaseException:
         server.stop()
         raise
+    record_prefect_server(home, server)
     return f"{server.url}/api", server
 
 

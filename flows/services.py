@@ -1,10 +1,13 @@
 """Local services started by the CLI: the Prefect server and the MLflow UI on 127.0.0.1.
 
 Each is a child process in its own process group, stopped by pid (SIGINT, then SIGTERM,
-then SIGKILL) when the caller is done.
+then SIGKILL) when the caller is done. A Prefect server started for a home is recorded in
+``$POSTTRAIN_HOME/prefect/server.json`` (URL and pid): ``posttrain ui`` and ``posttrain
+serve`` reuse a live one instead of starting a second server on the same database.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -90,6 +93,33 @@ def start_prefect_server(port: int = 4200, home: str | None = None) -> Service:
                                           "--port", str(port)], env, home_path / "logs")
     url = f"http://127.0.0.1:{port}"
     return Service("prefect", url, f"{url}/api/health", proc, log)
+
+
+def _server_record(home: str | os.PathLike | None) -> Path:
+    return posttrain_home(home) / "prefect" / "server.json"
+
+
+def running_prefect_server(home: str | os.PathLike | None) -> str | None:
+    """The URL of a live Prefect server recorded for this home, else None (a stale record is removed)."""
+    record = _server_record(home)
+    try:
+        data = json.loads(record.read_text())
+        os.kill(int(data["pid"]), 0)  # the recorded process still exists
+        if httpx.get(f"{data['url']}/api/health", timeout=3.0).status_code == 200:
+            return str(data["url"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, httpx.HTTPError):
+        pass
+    record.unlink(missing_ok=True)
+    return None
+
+
+def record_prefect_server(home: str | os.PathLike | None, service: Service) -> None:
+    """Note a server this process started (and waited healthy) so others on the home reuse it."""
+    record = _server_record(home)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"url": service.url, "pid": service.proc.pid}))
 
 
 def start_mlflow_ui(port: int = 5000, home: str | None = None, tracking_uri: str | None = None) -> Service:

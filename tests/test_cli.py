@@ -77,31 +77,49 @@ def test_ui_starts_both_servers_and_stops(tmp_path):
     assert "Prefect UI: http://127.0.0.1:" in out and "MLflow UI:  http://127.0.0.1:" in out
 
 
-def test_ui_stops_both_servers_on_sigterm(tmp_path):
-    """SIGTERM (a service manager, `kill`) stops `posttrain ui` as Ctrl-C does: no server is left."""
-    import signal
+def _started_ui(home) -> tuple[subprocess.Popen, str]:
+    """`posttrain ui` running in the background, and what it printed up to its MLflow URL."""
     import time
+
+    env = {**os.environ, "POSTTRAIN_HOME": str(home), "COLUMNS": "200"}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen([POSTTRAIN, "ui", "--prefect-port", "0", "--mlflow-port", "0"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = ""
+    deadline = time.time() + 240
+    while "MLflow UI:" not in seen and time.time() < deadline and proc.poll() is None:
+        seen += proc.stdout.readline()
+    return proc, seen
+
+
+def test_ui_reuses_the_home_prefect_server_and_stops_on_sigterm(tmp_path):
+    """A second `posttrain ui` on the same home reuses the first one's Prefect server (one
+    database, one server); SIGTERM stops each like Ctrl-C, leaving no server behind."""
+    import re
+    import signal
 
     import psutil
 
-    env = {**os.environ, "POSTTRAIN_HOME": str(tmp_path), "COLUMNS": "200"}
-    proc = subprocess.Popen([POSTTRAIN, "ui", "--prefect-port", "0", "--mlflow-port", "0"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first, seen = _started_ui(tmp_path)
+    second = None
     try:
-        seen = ""
-        deadline = time.time() + 240
-        while "MLflow UI:" not in seen and time.time() < deadline and proc.poll() is None:
-            seen += proc.stdout.readline()
         assert "Prefect UI: http://127.0.0.1:" in seen and "MLflow UI:" in seen, seen
-        children = psutil.Process(proc.pid).children(recursive=True)
+        prefect_url = re.search(r"Prefect UI: (\S+)", seen).group(1)
+        children = psutil.Process(first.pid).children(recursive=True)
         assert len(children) >= 2
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) in (0, 143)
-        _, alive = psutil.wait_procs(children, timeout=30)
-        assert not alive, [c.cmdline() for c in alive]
+        second, seen_again = _started_ui(tmp_path)
+        assert f"Prefect UI: {prefect_url}" in seen_again and "reused" in seen_again, seen_again
+        second_children = psutil.Process(second.pid).children(recursive=True)
+        assert not any("prefect" in " ".join(c.cmdline()) for c in second_children)   # no second server
+        for proc, kids in ((second, second_children), (first, children)):
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) in (0, 143)
+            _, alive = psutil.wait_procs(kids, timeout=30)
+            assert not alive, [c.cmdline() for c in alive]
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
 
 
 def test_gc(cli_home):

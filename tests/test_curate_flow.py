@@ -73,6 +73,29 @@ def test_curate_flow_pools_accounting_mlflow(home, wh):
     assert {"plots/curate_funnel.png", "plots/curate_similarity.png"} <= artifacts
 
 
+def test_changed_settings_recompute_every_row_and_unchanged_ones_do_not(home, wh, monkeypatch):
+    """Re-curating with another MinHash threshold applies it to the rows already curated (new
+    pool snapshots and decisions, the old ones kept); the same settings again change nothing."""
+    _ingest(wh)
+    first = curate_flow(profile="tiny", home=str(home))
+    monkeypatch.setenv("POSTTRAIN__CURATE__MINHASH__THRESHOLD", "0.3")
+    monkeypatch.setenv("POSTTRAIN__CURATE__SEMANTIC__ENABLED", "false")
+    second = curate_flow(profile="tiny", home=str(home))
+    assert second["from_scratch"] == 1.0 and second["rows_new"] == len(PROMPTS)
+    assert second["stages"]["curate.filter"]["rows_in"] == len(PROMPTS)
+    decisions = wh.read("decisions").filter(pl.col("decision") == "removed")
+    runs = {first["mlflow_run_id"]: None, second["mlflow_run_id"]: None}
+    by_run = {r: set(decisions.filter(pl.col("run_id") == r)["row_id"]) for r in runs}
+    assert by_run[first["mlflow_run_id"]] != by_run[second["mlflow_run_id"]]      # the new threshold acted
+    assert second["stages"]["curate.minhash"]["removed"] > first["stages"]["curate.minhash"]["removed"]
+    assert wh.history("sft_pool").height == 2                                     # the old pools stay
+    assert set(wh.read("sft_pool")["id"]) | set(wh.read("rl_pool")["id"]) == (
+        set(wh.read("prompts")["id"]) - by_run[second["mlflow_run_id"]])
+    third = curate_flow(profile="tiny", home=str(home))
+    assert third["from_scratch"] == 0.0 and third["rows_new"] == 0
+    assert wh.history("sft_pool").height == 2
+
+
 def test_dask_runner_gives_the_same_decisions(tmp_path, monkeypatch):
     homes = {}
     for runner in ("local", "dask"):

@@ -6,6 +6,11 @@ are deduplicated against every row kept before (whose signatures and embeddings 
 the warehouse) and decontaminated against every benchmark item. Pool rows are re-checked
 only against benchmark items added since they were last checked.
 
+The pools record the settings that made them (``settings_key``, in the snapshot note). A
+run with different settings (or pools whose settings are unknown) recomputes every prompt
+from scratch: new pool snapshots and decisions, the old ones kept for comparison, cached
+signatures and embeddings reused where their parameters match.
+
 Node numbering for the duplicate-link graph: old pool rows first (0..n_old-1), then this
 run's candidate rows. Which member of a duplicate cluster stays is decided per cluster by
 ``tasks.curate.keep_rule`` (earlier-kept, checkable answer, source priority, medoid).
@@ -161,6 +166,28 @@ class SignatureStore:
 
 
 # -- loading -------------------------------------------------------------------------------
+SETTINGS_NOTE = "settings "
+
+
+def settings_key(cfg: CurateConfig) -> str:
+    """What decides the pools (filters, dedup, decontamination, split, source priority); not
+    ``chunk_rows``, which only sizes the work."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(cfg.model_dump(exclude={"chunk_rows"}), sort_keys=True,
+                                     default=str).encode()).hexdigest()[:16]
+
+
+def pool_settings(wh: Warehouse) -> str | None:
+    """The settings key the current pools were made with (None: no pools, or made before it was recorded)."""
+    name = POOL_TABLES["sft"]
+    if not wh.exists(name):
+        return None
+    note = wh.history(name)["note"][0] or ""   # newest first
+    return note.split(SETTINGS_NOTE, 1)[1].split()[0] if SETTINGS_NOTE in note else None
+
+
 def _old_pools(wh: Warehouse) -> pl.DataFrame:
     frames = [wh.read(t) for t in POOL_TABLES.values() if wh.exists(t)]
     spec = get_spec("sft_pool")
@@ -194,12 +221,12 @@ def _verifiable(domain: str, answer: str | None, tests: str | None) -> bool:
 class Curation:
     """One curate run's state; each stage method removes rows and adds duplicate links."""
 
-    def __init__(self, wh: Warehouse, cfg: CurateConfig, run_id: str, mapper):
+    def __init__(self, wh: Warehouse, cfg: CurateConfig, run_id: str, mapper, from_scratch: bool = False):
         self.wh, self.cfg, self.run_id, self.mapper = wh, cfg, run_id, mapper
         self.log = DecisionLog(run_id)
         self.stages: dict[str, StageCount] = {}
         self.sims: dict[str, np.ndarray] = {}
-        self.old = _old_pools(wh)
+        self.old = get_spec("sft_pool").empty() if from_scratch else _old_pools(wh)
         self.n_old = self.old.height
         self.signatures = SignatureStore(wh, cfg.minhash, mapper, cfg.chunk_rows)
         self.embeddings = EmbeddingStore(wh, cfg.semantic, mapper, cfg.chunk_rows)
@@ -460,10 +487,13 @@ def run_curate(wh: Warehouse, cfg: CurateConfig | None = None, *, run_id: str | 
     cfg = cfg or CurateConfig()
     run_id = run_id or uuid.uuid4().hex
     mapper = mapper or LocalMapper()
-    cur = Curation(wh, cfg, run_id, mapper)
+    settings = settings_key(cfg)
+    # pools made with other (or unknown) settings: every prompt is curated again under these
+    from_scratch = any(wh.exists(t) for t in POOL_TABLES.values()) and pool_settings(wh) != settings
+    cur = Curation(wh, cfg, run_id, mapper, from_scratch=from_scratch)
     prompts = wh.read("prompts", default_empty=True)
-    new = prompts.filter(~pl.col("id").is_in(_processed_ids(wh, cur.old).implode())).unique(
-        "id", keep="first", maintain_order=True)
+    new = prompts if from_scratch else prompts.filter(~pl.col("id").is_in(_processed_ids(wh, cur.old).implode()))
+    new = new.unique("id", keep="first", maintain_order=True)
     bench = wh.read("benchmarks", default_empty=True)
     checked = wh.read("decontam_benchmarks", default_empty=True).select("benchmark", "item_id", "text_hash")
 
@@ -482,10 +512,12 @@ def run_curate(wh: Warehouse, cfg: CurateConfig | None = None, *, run_id: str | 
         ref = store.flush(wh, parents)
         if ref is not None:
             refs[ref.name] = ref
-    changed = new.height > 0 or fresh_items.height > 0 or any(not wh.exists(t) for t in POOL_TABLES.values())
+    changed = (from_scratch or new.height > 0 or fresh_items.height > 0
+               or any(not wh.exists(t) for t in POOL_TABLES.values()))
     if changed:   # pools before decisions: a crash in between only makes the next run redo removals
         for name, frame in cur.pool_frames(pool, cluster).items():
-            refs[name] = wh.write(name, frame, mode="replace", parents=parents, note=f"curate {run_id}")
+            refs[name] = wh.write(name, frame, mode="replace", parents=parents,
+                                  note=f"curate {run_id} {SETTINGS_NOTE}{settings}")
     else:
         refs.update({name: wh.latest(name) for name in POOL_TABLES.values()})
     if len(cur.log):
@@ -496,7 +528,7 @@ def run_curate(wh: Warehouse, cfg: CurateConfig | None = None, *, run_id: str | 
                 pl.lit(run_id).alias("run_id")), parents=parents, note=f"curate {run_id}")
 
     counters = {
-        "rows_new": new.height, "rows_old_pool": cur.n_old,
+        "rows_new": new.height, "rows_old_pool": cur.n_old, "from_scratch": float(from_scratch),
         "hashed": cur.signatures.hashed, "encoded": cur.embeddings.encoded["prompt"],
         "encoded_benchmarks": cur.embeddings.encoded["benchmark"],
         "benchmark_items_new": fresh_items.height,
