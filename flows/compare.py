@@ -117,16 +117,18 @@ def family_metrics(family: RunFamily) -> dict[str, float]:
 
 
 def eval_pass_at_k(family: RunFamily) -> pl.DataFrame:
+    """benchmark, k, pass_at_k of the final model (the per-stage ladder metrics are ``eval_ladder``'s)."""
     rows = []
     for key, r in family.keyed():
         for name, value in r.data.metrics.items():
             m = EVAL_METRIC.match(name)
-            if m:
+            if m and not STAGE_PREFIX.match(name):
                 rows.append({"benchmark": m["benchmark"], "k": int(m["k"]), "pass_at_k": float(value)})
     schema = {"benchmark": pl.Utf8, "k": pl.Int64, "pass_at_k": pl.Float64}
     return pl.DataFrame(rows, schema=schema).unique(["benchmark", "k"], keep="last").sort("benchmark", "k")
 
 
+STAGE_PREFIX = re.compile(r"^eval\.(base|sft_short|sft_long|dpo_short|dpo_long|rl)\.")  # per-stage, any k
 STAGE_EVAL_METRIC = re.compile(r"^eval\.(?P<stage>base|sft_short|sft_long|dpo_short|dpo_long|rl)\."
                                r"(?P<benchmark>.+)\.pass_at_1$")
 
@@ -201,11 +203,23 @@ class Comparison:
     b: str
     a_run_id: str
     b_run_id: str
-    params: pl.DataFrame         # param, a, b (only those that differ)
+    params: pl.DataFrame         # param, a, b (on both sides, with different values)
     metrics: pl.DataFrame        # metric, a, b, delta (all final metrics)
     eval: pl.DataFrame           # benchmark, k, a, b, delta
     funnel: pl.DataFrame         # stage, reason, a, b, delta
+    ladder: pl.DataFrame = field(default_factory=pl.DataFrame)            # benchmark, stage, a, b, delta
+    params_one_sided: pl.DataFrame = field(default_factory=pl.DataFrame)  # param, a, b (one side null)
     plots: dict[str, Path] = field(default_factory=dict)
+    out_dir: Path | None = None  # where the full tables (CSV) and the plots are
+
+    TABLES = ("params", "params_one_sided", "ladder", "eval", "funnel", "metrics")
+
+    def write_tables(self, out: Path) -> None:
+        """Every table in full as CSV (the printed ones are cut for the terminal)."""
+        for name in self.TABLES:
+            frame = getattr(self, name)
+            if frame.width:
+                frame.write_csv(out / f"{name}.csv")
 
 
 def _side_by_side(a: pl.DataFrame, b: pl.DataFrame, keys: list[str], value: str) -> pl.DataFrame:
@@ -213,10 +227,29 @@ def _side_by_side(a: pl.DataFrame, b: pl.DataFrame, keys: list[str], value: str)
     return joined.with_columns((pl.col("b") - pl.col("a")).alias("delta")).sort(keys)
 
 
-def diff_params(pa: dict[str, str], pb: dict[str, str]) -> pl.DataFrame:
-    keys = sorted(k for k in set(pa) | set(pb) if pa.get(k) != pb.get(k))
+def _param_frame(keys: list[str], pa: dict[str, str], pb: dict[str, str]) -> pl.DataFrame:
     return pl.DataFrame({"param": keys, "a": [pa.get(k) for k in keys], "b": [pb.get(k) for k in keys]},
                         schema={"param": pl.Utf8, "a": pl.Utf8, "b": pl.Utf8})
+
+
+def diff_params(pa: dict[str, str], pb: dict[str, str]) -> pl.DataFrame:
+    """Settings both runs have, with different values: what a user changed between them."""
+    return _param_frame(sorted(k for k in set(pa) & set(pb) if pa[k] != pb[k]), pa, pb)
+
+
+def one_sided_params(pa: dict[str, str], pb: dict[str, str]) -> pl.DataFrame:
+    """Settings only one run logged (a stage the other did not run, a section it lacks)."""
+    return _param_frame(sorted(set(pa) ^ set(pb)), pa, pb)
+
+
+def ladder_side_by_side(la: dict[str, dict[str, float]], lb: dict[str, dict[str, float]]) -> pl.DataFrame:
+    """benchmark, stage, a, b, delta: held-out pass@1 after each training stage, both runs."""
+    def frame(ladder):
+        rows = [{"benchmark": bench, "stage": stage, "v": v} for bench, by in ladder.items() for stage, v in by.items()]
+        return pl.DataFrame(rows, schema={"benchmark": pl.Utf8, "stage": pl.Utf8, "v": pl.Float64})
+    order = {s: i for i, s in enumerate(["base", "sft_short", "sft_long", "dpo_short", "dpo_long", "rl"])}
+    out = _side_by_side(frame(la), frame(lb), ["benchmark", "stage"], "v")
+    return out.sort(pl.col("benchmark"), pl.col("stage").replace_strict(order, default=99))
 
 
 def _metric_frame(metrics: dict[str, float]) -> pl.DataFrame:
@@ -243,11 +276,15 @@ def compare(a: str, b: str, out_dir: str | os.PathLike | None = None, home: str 
         eval=_side_by_side(eval_a, eval_b, ["benchmark", "k"], "pass_at_k"),
         funnel=_side_by_side(funnel_a.with_columns(pl.col("rows").cast(pl.Float64)),
                              funnel_b.with_columns(pl.col("rows").cast(pl.Float64)), ["stage", "reason"], "rows"),
+        ladder=ladder_side_by_side(eval_ladder(fa), eval_ladder(fb)),
+        params_one_sided=one_sided_params(family_params(fa), family_params(fb)),
     )
     out = Path(out_dir) if out_dir else wh.artifacts_dir / "compare" / f"{fa.root.info.run_id[:8]}_vs_{fb.root.info.run_id[:8]}"
     out.mkdir(parents=True, exist_ok=True)
     curves = {label_a: metric_curves(client, fa), label_b: metric_curves(client, fb)}
     result.plots = _save_plots(out, curves, result.eval, result.funnel, (label_a, label_b))
+    result.write_tables(out)
+    result.out_dir = out
     return result
 
 
@@ -305,7 +342,8 @@ def grouped_bars_figure(frame: pl.DataFrame, category: pl.Expr, columns: list[st
     size = (7.5, max(2.5, 0.45 * len(cats) + 1.2)) if horizontal else (max(5.0, 1.1 * len(cats) + 2), 3.8)
     fig, ax = plt.subplots(figsize=size)
     for i, (col, label) in enumerate(zip(columns, labels)):
-        values = frame.get_column(col).fill_null(0).to_list()
+        # a side without the value is drawn as missing (no bar), never as 0
+        values = frame.get_column(col).cast(pl.Float64).fill_null(float("nan")).to_list()
         pos = [x + i * width for x in range(len(cats))]
         (ax.barh if horizontal else ax.bar)(pos, values, width, label=label)
     ticks = [x + width * (len(columns) - 1) / 2 for x in range(len(cats))]
@@ -373,13 +411,23 @@ def comparison_tables(result: Comparison, max_rows: int = 60):
     metrics = result.metrics.with_columns(
         (pl.col("a").is_null() | pl.col("b").is_null() | (pl.col("delta").abs() > 0)).alias("differs")
     ).sort(["differs", "metric"], descending=[True, False]).drop("differs")
-    return [
-        table("parameters that differ", result.params, ["param", "a", "b"], ["param", result.a, result.b]),
+    one_sided = result.params_one_sided.height if result.params_one_sided.width else 0
+    params = table("parameters that differ (set in both runs)", result.params, ["param", "a", "b"],
+                   ["param", result.a, result.b])
+    if one_sided:
+        params.caption = ((params.caption + "; ") if params.caption else "") + \
+            f"{one_sided} more set in one run only (params_one_sided.csv)"
+    ladder = table("held-out pass@1 after each training stage", result.ladder,
+                   ["benchmark", "stage", "a", "b", "delta"], ["benchmark", "stage", *heads]) \
+        if result.ladder.width and result.ladder.height else None
+    return [t for t in (
+        params,
+        ladder,
         table("held-out pass@k", result.eval, ["benchmark", "k", "a", "b", "delta"], ["benchmark", "k", *heads]),
         table("data funnel: rows removed", result.funnel, ["stage", "reason", "a", "b", "delta"],
               ["stage", "reason", *heads]),
         table("final metrics", metrics, ["metric", "a", "b", "delta"], ["metric", *heads]),
-    ]
+    ) if t is not None]
 
 
 def print_comparison(result: Comparison, console=None) -> None:
@@ -390,6 +438,8 @@ def print_comparison(result: Comparison, console=None) -> None:
         console.print(t)
     for name, path in result.plots.items():
         console.print(f"plot {name}: {path}")
+    if result.out_dir is not None:
+        console.print(f"full tables (CSV) and plots: {result.out_dir}", soft_wrap=True)
 
 
 # -- the per-run report ----------------------------------------------------------------------------
@@ -454,7 +504,7 @@ def write_run_report(run_id: str, home: str | os.PathLike | None = None, out_dir
     out = Path(out_dir) if out_dir else wh.artifacts_dir / "reports" / run_id
     out.mkdir(parents=True, exist_ok=True)
     label = family.label
-    eval_frame = eval_pass_at_k(family).filter(~pl.col("benchmark").str.contains(r"^(base|sft_|dpo_|rl\.)"))
+    eval_frame = eval_pass_at_k(family)
     eval_frame = eval_frame.rename({"pass_at_k": "a"})
     funnel_frame = funnel(wh, family).with_columns(pl.col("rows").cast(pl.Float64).alias("a"))
     plots = _save_plots(out, {label: metric_curves(client, family)}, eval_frame, funnel_frame, (label,))

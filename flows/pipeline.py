@@ -166,11 +166,24 @@ def pipeline_flow(profile: str = "tiny", stages: list[str] | None = None, home: 
             report_progress(name, "done")
         results["mlflow_run_id"] = ctx.run_id
         results["tables"] = {r["name"]: r["rows"] for r in ctx.wh.tables().iter_rows(named=True)}
+        tracking.log_counters(headline_metrics(results), run_id=ctx.run_id)
     # after the parent run is closed, so the report sees final stage timings
     results["report"] = str(write_run_report(results["mlflow_run_id"], home=home))
     log.info("run report: %s", results["report"])
     publish_summary(results)
     return results
+
+
+def headline_metrics(results: dict[str, Any]) -> dict[str, float]:
+    """On the pipeline's own MLflow run, so MLflow's compare view of two pipeline runs shows
+    them: held-out pass@1 per benchmark and stage (``heldout.<benchmark>.<stage>``), the audit."""
+    out = {f"heldout.{bench}.{stage}": value
+           for bench, by_stage in ((results.get("evaluate") or {}).get("ladder") or {}).items()
+           for stage, value in by_stage.items()}
+    audit = results.get("audit")
+    if isinstance(audit, dict) and "violations" in audit:
+        out["audit.violations"] = float(audit["violations"])
+    return out
 
 
 def run_summary_markdown(results: dict[str, Any]) -> str:

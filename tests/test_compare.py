@@ -21,7 +21,7 @@ def removed(wh: Warehouse, stage: str, reason: str, count: int, run_id: str) -> 
 
 
 def pipeline_run(wh: Warehouse, experiment: str, threshold: float, lr: float, rewards: list[float],
-                 pass1: dict[str, float], near_dups: int) -> str:
+                 pass1: dict[str, float], near_dups: int, rl_stage: bool = False) -> str:
     """A pipeline parent with curate / train / evaluate children, logged as the flows log them."""
     with tracking.tracked_run("pipeline", params={"profile": "tiny", "stages": ["curate", "train", "evaluate"]},
                               tags={"posttrain.profile": "tiny"}, experiment=experiment) as parent:
@@ -32,8 +32,12 @@ def pipeline_run(wh: Warehouse, experiment: str, threshold: float, lr: float, re
         with tracking.tracked_run("train", params={"rl": {"lr": lr, "epsilon_high": 0.2}}):
             for step, reward in enumerate(rewards):
                 tracking.log_counters({"reward_mean": reward, "loss": 1.0 - reward}, prefix="rl", step=step)
-        with tracking.tracked_run("evaluate", params={"n": 4}):
+        with tracking.tracked_run("evaluate", params={"n": 4, **({"stages": "sft_long,rl"} if rl_stage else {})}):
             tracking.log_counters({f"{b}.pass_at_1": v for b, v in pass1.items()}, prefix="eval")
+            # the per-stage ladder (B also evaluated an RL model; A has no such row)
+            ladder = {"sft_long": 0.3, **({"rl": 0.45} if rl_stage else {})}
+            tracking.log_counters({f"{stage}.synthetic_heldout.pass_at_{k}": v for stage, v in ladder.items()
+                                   for k in (1, 4)}, prefix="eval")
     return parent
 
 
@@ -50,7 +54,8 @@ def home(tmp_path_factory):
 def two_runs(home):
     wh = Warehouse(home)
     a = pipeline_run(wh, "exp-a", 0.8, 1e-4, [0.1, 0.2, 0.25], {"math500": 0.4, "humaneval": 0.1}, near_dups=5)
-    b = pipeline_run(wh, "exp-b", 0.7, 3e-4, [0.1, 0.3, 0.5, 0.6], {"math500": 0.5, "humaneval": 0.2}, near_dups=9)
+    b = pipeline_run(wh, "exp-b", 0.7, 3e-4, [0.1, 0.3, 0.5, 0.6], {"math500": 0.5, "humaneval": 0.2}, near_dups=9,
+                     rl_stage=True)
     return a, b
 
 
@@ -73,6 +78,15 @@ def test_compare_shows_params_metrics_eval_and_funnel_side_by_side(two_runs, hom
     assert set(result.plots) == {"reward_curves", "pass_at_k", "funnel"}
     for path in result.plots.values():
         assert path.parent == tmp_path / "cmp" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a setting only one run has is kept apart from the ones a user changed
+    assert result.params_one_sided.rows() == [("evaluate.stages", None, "sft_long,rl")]
+    # the held-out ladder side by side; the stage A never evaluated is missing, not 0
+    ladder = {(r["benchmark"], r["stage"]): (r["a"], r["b"]) for r in result.ladder.iter_rows(named=True)}
+    assert ladder == {("synthetic_heldout", "sft_long"): (0.3, 0.3), ("synthetic_heldout", "rl"): (None, 0.45)}
+    # every table in full, where the command says
+    assert result.out_dir == tmp_path / "cmp"
+    for name in ("params", "params_one_sided", "ladder", "eval", "funnel", "metrics"):
+        assert pl.read_csv(tmp_path / "cmp" / f"{name}.csv").height == getattr(result, name).height
 
 
 def test_experiment_names_resolve_to_their_newest_pipeline_run(two_runs, home):
@@ -93,7 +107,9 @@ def test_printed_comparison_lists_every_section(two_runs, home, tmp_path):
     print_comparison(compare(*two_runs, out_dir=tmp_path, home=home), console)
     text = console.export_text()
     for expected in ("parameters that differ", "train.rl.lr", "held-out pass@k", "math500",
-                     "data funnel", "contaminated-by", "final metrics", "reward_mean"):
+                     "data funnel", "contaminated-by", "final metrics", "reward_mean",
+                     "1 more set in one run only", "held-out pass@1 after each training stage",
+                     f"full tables (CSV) and plots: {tmp_path}"):
         assert expected in text
 
 

@@ -105,6 +105,10 @@ def test_default_run_reports_and_tracks_the_ladder(default_run):
         for stage in ("base", "sft_long", "dpo_long", "rl"):
             assert f"eval.{stage}.{family}.pass_at_1" in metrics
     assert by_stage["audit"].data.metrics["audit.violations"] == 0
+    # the headline numbers on the pipeline run itself: MLflow's compare view of two runs shows them
+    for family in _families():
+        assert parent.data.metrics[f"heldout.{family}.rl"] == res["evaluate"]["ladder"][family]["rl"]
+    assert parent.data.metrics["audit.violations"] == 0
     report = home / "artifacts" / "reports" / res["mlflow_run_id"] / "report.html"
     html = report.read_text()
     assert "What each training stage did" in html and "The GenRM judge on held-out items" in html
