@@ -407,9 +407,11 @@ def _print_summary(res: dict, elapsed: float, home: Optional[str]) -> None:
     if "audit" in res and isinstance(res["audit"], dict) and "checks" in res["audit"]:
         _print_audit(res["audit"])
     console.print(f"pipeline MLflow run: {res.get('mlflow_run_id')}   wall time {elapsed:.0f}s")
+    # paths are printed whole (soft_wrap): a narrow or piped terminal must not cut them mid-word
     if res.get("report"):
-        console.print(f"report: {res['report']}")
-    console.print(f"data: {wh.home}   open the UIs with `posttrain ui` (or `make ui`)")
+        console.print(f"report: {res['report']}", soft_wrap=True, highlight=False)
+    console.print(f"data: {wh.home}   open the UIs with `posttrain ui` (or `make ui`)", soft_wrap=True,
+                  highlight=False)
 
 
 @app.command()

@@ -68,8 +68,13 @@ def test_profile_commands(cli_home):
 
 
 def test_run_ingest_stage_prints_summary(tmp_path):
-    out = cli("run", "--profile", "tiny", "--stage", "ingest", home=tmp_path).stdout
+    home = tmp_path / "a-home-path-long-enough-to-pass-the-width-of-a-narrow-terminal"
+    env = {**os.environ, "POSTTRAIN_HOME": str(home), "COLUMNS": "40"}   # piped into a narrow pager
+    out = subprocess.run([POSTTRAIN, "run", "--profile", "tiny", "--stage", "ingest"], capture_output=True,
+                         text=True, env=env, timeout=300, check=True).stdout
     assert "posttrain run summary" in out and "benchmarks" in out and "pipeline MLflow run" in out
+    report = next(line for line in out.splitlines() if line.startswith("report: "))
+    assert report.startswith(f"report: {home}") and report.endswith("report.html")   # one whole line
 
 
 def test_ui_starts_both_servers_and_stops(tmp_path):
