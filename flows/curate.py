@@ -12,15 +12,21 @@ from tasks.curate.report import log_curate
 from warehouse import Warehouse
 
 
-@task(name="curate-run", cache_policy=NO_CACHE, persist_result=False)
+def prefect_step(name: str, fn):
+    """One curate block as a Prefect task (``curate.filter``, ``curate.minhash``, ...): the run's
+    graph shows each block with its own state and duration. The blocks share the run's
+    in-memory state, so nothing is cached or persisted between them."""
+    return task(name=f"curate.{name}", cache_policy=NO_CACHE, persist_result=False)(fn)()
+
+
 def curate_task(home: str, cfg: CurateConfig, run_id: str, task_runner: str, dask_settings: dict,
                 dask_processes: bool):
-    """Runs every curate step; heavy map steps go to Dask when the profile asks for it."""
+    """Runs every curate block as a task; heavy map steps go to Dask when the profile asks for it."""
     mapper = LocalMapper() if task_runner == "local" else DaskMapper(
         address=dask_settings.get("address"), n_workers=dask_settings.get("n_workers", 2),
         threads_per_worker=dask_settings.get("threads_per_worker", 1), processes=dask_processes)
     try:
-        return run_curate(Warehouse(home), cfg, run_id=run_id, mapper=mapper)
+        return run_curate(Warehouse(home), cfg, run_id=run_id, mapper=mapper, step=prefect_step)
     finally:
         mapper.close()
 

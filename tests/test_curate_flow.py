@@ -72,6 +72,17 @@ def test_curate_flow_pools_accounting_mlflow(home, wh):
     artifacts = {a.path for a in MlflowClient().list_artifacts(run.info.run_id, "plots")}
     assert {"plots/curate_funnel.png", "plots/curate_similarity.png"} <= artifacts
 
+    # each block is its own Prefect task run in the flow run's graph, in order
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    with get_client(sync_client=True) as prefect:
+        runs = prefect.read_task_runs(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=[run.data.tags["prefect.flow_run_id"]])))
+    names = [r.name.rsplit("-", 1)[0] for r in sorted(runs, key=lambda r: r.start_time)]   # "<task>-<suffix>"
+    assert names == ["curate.filter", "curate.exact", "curate.minhash", "curate.semantic", "curate.keep",
+                     "curate.decontaminate", "curate.split"], names
+    assert all(r.state.is_completed() for r in runs)
+
 
 def test_changed_settings_recompute_every_row_and_unchanged_ones_do_not(home, wh, monkeypatch):
     """Re-curating with another MinHash threshold applies it to the rows already curated (new

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import polars as pl
@@ -46,6 +48,7 @@ from tasks.curate.split import POOL_TABLES, LinkGraph, assign_pools, cross_pool_
 from warehouse import TableRef, Warehouse
 
 STAGES = ("curate.filter", "curate.exact", "curate.minhash", "curate.semantic", "curate.decontam", "curate.split")
+T = TypeVar("T")
 DEFAULT_SOURCE_PRIORITY = 100
 
 
@@ -481,9 +484,19 @@ class Curation:
         return {name: rows.filter(pl.col("pool") == p) for p, name in POOL_TABLES.items()}
 
 
+def _run_directly(name: str, fn: Callable[[], T]) -> T:
+    return fn()
+
+
 def run_curate(wh: Warehouse, cfg: CurateConfig | None = None, *, run_id: str | None = None,
-               mapper=None) -> CurateResult:
-    """Curate the prompts no earlier run has seen; write pools, decisions and reusable state."""
+               mapper=None, step: Callable[[str, Callable[[], T]], T] | None = None) -> CurateResult:
+    """Curate the prompts no earlier run has seen; write pools, decisions and reusable state.
+
+    ``step(name, fn)`` runs each block (``filter``, ``exact``, ``minhash``, ``semantic``,
+    ``keep``, ``decontaminate``, ``split``); the curate flow passes one that makes each a
+    Prefect task, so the blocks show in the run's graph. Default: call ``fn``.
+    """
+    step = step or _run_directly
     cfg = cfg or CurateConfig()
     run_id = run_id or uuid.uuid4().hex
     mapper = mapper or LocalMapper()
@@ -497,14 +510,14 @@ def run_curate(wh: Warehouse, cfg: CurateConfig | None = None, *, run_id: str | 
     bench = wh.read("benchmarks", default_empty=True)
     checked = wh.read("decontam_benchmarks", default_empty=True).select("benchmark", "item_id", "text_hash")
 
-    cur.filter(new)
-    cur.exact()
-    cur.minhash()
+    step("filter", lambda: cur.filter(new))
+    step("exact", cur.exact)
+    step("minhash", cur.minhash)
     if cfg.semantic.enabled:
-        cur.semantic()
-    cur.settle_duplicates()
-    fresh_items = cur.decontaminate(bench, checked)
-    pool, cluster = cur.split()
+        step("semantic", cur.semantic)
+    step("keep", cur.settle_duplicates)
+    fresh_items = step("decontaminate", lambda: cur.decontaminate(bench, checked))
+    pool, cluster = step("split", cur.split)
 
     parents = [r for r in (wh.latest("prompts"), wh.latest("benchmarks")) if r is not None]
     refs: dict[str, TableRef] = {}
