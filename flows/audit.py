@@ -9,7 +9,7 @@ from tasks import tracking
 from tasks.audit import AuditFailed, run_audit
 
 
-@flow(name="audit", log_prints=True)
+@flow(name="audit", log_prints=True, flow_run_name="audit")
 def audit_flow(profile: str = "tiny", home: str | None = None, fail_on_violation: bool = True) -> dict:
     """Counts per check and the offending ids; raises ``AuditFailed`` on a violation by default."""
     log = flow_logger()

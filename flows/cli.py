@@ -433,7 +433,8 @@ def ui(home: Optional[str] = HomeOpt, prefect_port: int = typer.Option(4200, "--
             mlflow_ui.wait_healthy()
         reused = "" if prefect is not None else "   (already running for this home: reused)"
         console.print(f"Prefect UI: {api_url.removesuffix('/api')}{reused}")
-        console.print(f"MLflow UI:  {mlflow_ui.url}")
+        # the experiments in MLflow 3's "Model training" view (its default is the GenAI one)
+        console.print(f"MLflow UI:  {mlflow_ui.url}/#/experiments?workflowType=machine_learning")
         console.print("press Ctrl-C to stop" if not duration else f"stopping in {duration:.0f}s")
         deadline = time.time() + duration if duration else None
         while deadline is None or time.time() < deadline:

@@ -31,7 +31,7 @@ def curate_task(home: str, cfg: CurateConfig, run_id: str, task_runner: str, das
         mapper.close()
 
 
-@flow(name="curate", log_prints=True)
+@flow(name="curate", log_prints=True, flow_run_name="curate")
 def curate_flow(profile: str = "tiny", home: str | None = None, dask_processes: bool = True) -> dict:
     """Curate prompts not seen by an earlier run; returns table refs, counters and the MLflow run id.
 

@@ -10,7 +10,7 @@ from tasks.rollout.factory import make_backend
 from tasks.genrm.models import resolve_model_name
 
 
-@flow(name="difficulty", log_prints=True)
+@flow(name="difficulty", log_prints=True, flow_run_name="difficulty")
 def difficulty_flow(
     profile: str = "tiny",
     home: str | None = None,

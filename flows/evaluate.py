@@ -57,7 +57,7 @@ def _models_to_evaluate(wh, cfg: EvaluateConfig, model: str | None) -> list[Mode
     return stage_ladder(wh, cfg.stages)
 
 
-@flow(name="evaluate", log_prints=True)
+@flow(name="evaluate", log_prints=True, flow_run_name="evaluate")
 def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | None = None,
                   benchmarks: list[str] | None = None, max_items: int | None = None) -> dict:
     """pass@k at the profile's temperature / top-p (M1: 1.0 / 0.95) into ``eval_results``.

@@ -36,7 +36,7 @@ def ingest_bundled_task(home: str, name: str, cfg: IngestConfig, seed: int, run_
     raise ValueError(f"unknown bundled source {name!r}; known: {list(BUNDLED_SOURCES)}")
 
 
-@flow(name="ingest", log_prints=True)
+@flow(name="ingest", log_prints=True, flow_run_name="ingest")
 def ingest_flow(
     paths: list[str] | None = None,
     source: str | None = None,

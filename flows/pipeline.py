@@ -133,7 +133,7 @@ def record_stage_run(wh: Warehouse, stage: Stage, key: str, inputs: list[str], c
     wh.append("stage_runs", pl.DataFrame([row]))
 
 
-@flow(name="pipeline", log_prints=True)
+@flow(name="pipeline", log_prints=True, flow_run_name="pipeline {profile}")
 def pipeline_flow(profile: str = "tiny", stages: list[str] | None = None, home: str | None = None,
                   force: bool = False) -> dict[str, Any]:
     """Run the chosen stages (all by default) in DAG order; unchanged stages are skipped."""

@@ -51,7 +51,7 @@ def validation_task(wh: Warehouse, cfg: ReferencesConfig, judge: GenRMJudge, bac
     return run_judge_validation(wh, cfg, judge, backends, labelled_files, run_id)
 
 
-@flow(name="references", log_prints=True)
+@flow(name="references", log_prints=True, flow_run_name="references")
 def references_flow(profile: str = "tiny", home: str | None = None, prompts: list | None = None,
                     labelled_files: list[str] | None = None, validate_judge: bool | None = None) -> dict:
     """Pick and store a reference per open prompt; validate the judge (unless disabled).
@@ -88,7 +88,7 @@ def references_flow(profile: str = "tiny", home: str | None = None, prompts: lis
                 "validation": validation}
 
 
-@flow(name="recalibrate-genrm", log_prints=True)
+@flow(name="recalibrate-genrm", log_prints=True, flow_run_name="recalibrate-genrm")
 def recalibrate_flow(event: dict, profile: str = "tiny", home: str | None = None,
                      remeasure_judge: bool = True) -> dict:
     """Fit a length correction on the monitor's window and re-check the judge.

@@ -86,8 +86,10 @@ def start_process(name: str, cmd: list[str], env: dict[str, str], log_dir: Path)
 def start_prefect_server(port: int = 4200, home: str | None = None) -> Service:
     home_path = posttrain_home(home)
     port = free_port(port)
+    # the UI's own API address: Prefect derives it from its port *setting*, not from --port, so a
+    # server on any port but 4200 would serve a UI that cannot reach its API
     env = {**os.environ, "PREFECT_HOME": os.environ.get("PREFECT_HOME", str(home_path / "prefect")),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
     env.pop("PREFECT_API_URL", None)
     proc, log = start_process("prefect-server", [bin_path("prefect"), "server", "start", "--host", "127.0.0.1",
                                           "--port", str(port)], env, home_path / "logs")

@@ -19,7 +19,7 @@ from tasks.synthesize import run_calibration, run_synthesis
 from tasks.synth.config import SynthesizeConfig
 
 
-@flow(name="synthesize", log_prints=True)
+@flow(name="synthesize", log_prints=True, flow_run_name="synthesize")
 def synthesize_flow(
     profile: str = "tiny",
     home: str | None = None,

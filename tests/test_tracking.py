@@ -35,6 +35,9 @@ def test_pipeline_run_has_child_runs_with_dataset_inputs(home, tmp_path):
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     with get_client(sync_client=True) as prefect:
         arts = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["posttrain-run-summary"])))
+        # flow runs named by what they are, not a random adjective-animal
+        assert prefect.read_flow_run(parent.data.tags["prefect.flow_run_id"]).name == "pipeline tiny"
+        assert prefect.read_flow_run(child.data.tags["prefect.flow_run_id"]).name == "ingest"
     mine = [a for a in arts if str(a.flow_run_id) == parent.data.tags["prefect.flow_run_id"]]
     assert len(mine) == 1 and res["mlflow_run_id"] in mine[0].data and res["report"] in mine[0].data
     # the UI opens it as a model-training experiment, not in its GenAI (traces) view
