@@ -444,9 +444,10 @@ def print_comparison(result: Comparison, console=None) -> None:
 
 # -- the per-run report ----------------------------------------------------------------------------
 
-def _img(path: Path | None, alt: str) -> str:
+def _img(path: Path | None, alt: str, missing: str = "") -> str:
+    """The plot inlined, or ``missing`` (why there is no chart) when there is none."""
     if path is None:
-        return ""
+        return f"<p><em>no chart: {html.escape(missing)}</em></p>" if missing else ""
     data = base64.b64encode(path.read_bytes()).decode()
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"><figcaption>{html.escape(alt)}</figcaption></figure>'
 
@@ -526,15 +527,17 @@ def write_run_report(run_id: str, home: str | os.PathLike | None = None, out_dir
         "<h2>Stages</h2>", _html_table(_stage_rows(family)),
         "<h2>What each training stage did: held-out pass@1</h2>",
         _html_table(ladder_frame(ladder), "no per-stage evaluation in this run"),
-        _img(plots.get("ladder"), "held-out pass@1 per family after base, SFT, DPO and RL"),
+        _img(plots.get("ladder"), "held-out pass@1 per family after base, SFT, DPO and RL",
+             "this run evaluated no training stage"),
         "<h2>The GenRM judge on held-out items (chance: 0.5)</h2>",
         _html_table(judge_frame(family), "no judge validation on synthetic items in this run"),
         "<h2>Held-out pass@k of the final model</h2>", _html_table(eval_frame.rename({"a": "pass_at_k"}), "no evaluation in this run"),
-        _img(plots.get("pass_at_k"), "held-out pass@k"),
+        _img(plots.get("pass_at_k"), "held-out pass@k", "this run evaluated no model"),
         "<h2>Data funnel: rows removed per stage and reason</h2>",
         _html_table(funnel_frame.drop("a"), "no rows removed (or no decisions recorded for this run)"),
-        _img(plots.get("funnel"), "rows removed per stage and reason"),
-        "<h2>Reward curves</h2>", _img(plots.get("reward_curves"), "reward curves") or "<p><em>no reward metrics</em></p>",
+        _img(plots.get("funnel"), "rows removed per stage and reason", "no rows were removed in this run"),
+        "<h2>Reward curves</h2>", _img(plots.get("reward_curves"), "reward curves",
+                                       "no stage of this run logged a reward over more than one step"),
         "<h2>Datasets</h2>", _html_table(_dataset_rows(family), "no datasets logged"),
         _collapsible(f"Final metrics ({metrics.height})", _html_table(metrics)),
         _collapsible(f"Parameters ({params.height})", _html_table(params)),

@@ -135,3 +135,47 @@ def test_reward_curves_keep_rl_and_every_stage_however_many_metrics_sort_first()
     assert picked[:2] == ["rl/rl.reward_mean", "dpo_short/dpo_short.reward_mean"]
     assert "references/genrm.reward_x" in picked and len(picked) == 4
     assert pick_curves(set(), 6) == []
+
+
+def _sections(page: str) -> tuple[list[str], list[str]]:
+    """(h2 headings in order, headings folded inside <details>) of a report page."""
+    from html.parser import HTMLParser
+
+    class Sections(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.headings, self.folded, self._in_h2, self._depth = [], [], False, 0
+
+        def handle_starttag(self, tag, attrs):
+            self._in_h2 = self._in_h2 or tag == "h2"
+            self._depth += tag == "details"
+
+        def handle_endtag(self, tag):
+            self._in_h2 = self._in_h2 and tag != "h2"
+            self._depth -= tag == "details"
+
+        def handle_data(self, data):
+            if self._in_h2 and data.strip():
+                self.headings.append(data.strip())
+                if self._depth:
+                    self.folded.append(data.strip())
+
+    parser = Sections()
+    parser.feed(page)
+    return parser.headings, parser.folded
+
+
+def test_report_leads_with_the_summary_folds_the_long_tables_and_says_why_a_chart_is_missing(two_runs, home,
+                                                                                            tmp_path):
+    a, _ = two_runs
+    headings, folded = _sections(write_run_report(a, home=home, out_dir=tmp_path / "a", log_to_mlflow=False)
+                                 .read_text())
+    assert headings[:2] == ["Stages", "What each training stage did: held-out pass@1"]
+    assert [h.split(" (")[0] for h in folded] == ["Final metrics", "Parameters"] == \
+        [h.split(" (")[0] for h in headings[-2:]]
+    # a run that logged nothing to draw: every chart says why it is absent
+    with tracking.tracked_run("pipeline", experiment="exp-empty") as empty:
+        with tracking.tracked_run("ingest"):
+            tracking.log_counters({"rows": 3}, prefix="ingest")
+    page = write_run_report(empty, home=home, out_dir=tmp_path / "empty", log_to_mlflow=False).read_text()
+    assert page.count("<em>no chart: ") == 4 and "data:image/png" not in page
