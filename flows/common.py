@@ -10,7 +10,7 @@ from prefect import get_run_logger
 
 from data_specs.profile import Profile, load_profile
 from tasks import tracking
-from warehouse import TableRef, Warehouse
+from warehouse import TableRef, Warehouse, recording_flow_run
 
 
 @dataclass
@@ -40,8 +40,17 @@ def flow_context(stage: str, profile: str, home: str | None = None,
     uri = None if tracking.current_run_id() else (
         prof.core.tracking_uri or os.environ.get(tracking.TRACKING_URI_ENV) or tracking.default_tracking_uri(wh.home))
     with tracking.tracked_run(stage, params=run_params, tags=tags, experiment=prof.core.experiment,
-                              tracking_uri=uri, run_name=run_name) as run_id:
+                              tracking_uri=uri, run_name=run_name) as run_id, \
+            recording_flow_run(_prefect_flow_run_id()):
         yield FlowContext(prof, wh, run_id)
+
+
+def _prefect_flow_run_id() -> str | None:
+    """This flow run's id, recorded on every snapshot it writes (None outside a Prefect flow)."""
+    from prefect.runtime import flow_run
+
+    fid = flow_run.get_id()
+    return str(fid) if fid else None
 
 
 def flow_logger():

@@ -1,5 +1,5 @@
 """The catalog and table store: DuckDB catalog, Parquet snapshots, lineage."""
 from warehouse.paths import posttrain_home
-from warehouse.store import TableRef, Warehouse, WarehouseError, frame_digest
+from warehouse.store import TableRef, Warehouse, WarehouseError, frame_digest, recording_flow_run
 
-__all__ = ["TableRef", "Warehouse", "WarehouseError", "frame_digest", "posttrain_home"]
+__all__ = ["TableRef", "Warehouse", "WarehouseError", "frame_digest", "posttrain_home", "recording_flow_run"]

@@ -16,6 +16,7 @@ import shutil
 import time
 import uuid
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -336,10 +337,20 @@ def _frame(rows: list[dict], columns: list[str]) -> pl.DataFrame:
     return pl.DataFrame(rows, infer_schema_length=None)
 
 
-def _current_flow_run_id() -> str | None:
+# The orchestrator's run that is writing (set by the flows layer, ``recording_flow_run``): the
+# warehouse records it on every snapshot without knowing which orchestrator that is.
+_FLOW_RUN_ID: ContextVar[str | None] = ContextVar("posttrain_flow_run_id", default=None)
+
+
+@contextmanager
+def recording_flow_run(flow_run_id: str | None) -> Iterator[None]:
+    """Snapshots written inside this block record ``flow_run_id`` (unless a write names its own)."""
+    token = _FLOW_RUN_ID.set(flow_run_id)
     try:
-        from prefect.runtime import flow_run
-        fid = flow_run.get_id()
-        return str(fid) if fid else None
-    except Exception:  # outside Prefect, or Prefect not importable in a worker
-        return None
+        yield
+    finally:
+        _FLOW_RUN_ID.reset(token)
+
+
+def _current_flow_run_id() -> str | None:
+    return _FLOW_RUN_ID.get()

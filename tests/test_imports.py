@@ -1,0 +1,82 @@
+"""The import direction the project's layout promises, checked on the source itself.
+
+flows -> tasks -> model -> kernels; ``data_specs`` and ``kernels`` import nothing of ours,
+``warehouse`` only ``data_specs``, and no layer below ``flows`` imports Prefect (the
+orchestrator stays on the top floor). No cycle among module-level imports.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OURS = ("flows", "tasks", "model", "kernels", "data_specs", "warehouse")
+MAY_IMPORT = {
+    "flows": set(OURS),
+    "tasks": {"tasks", "model", "kernels", "data_specs", "warehouse"},
+    "model": {"model", "kernels"},
+    "kernels": {"kernels"},
+    "data_specs": {"data_specs"},
+    "warehouse": {"warehouse", "data_specs"},
+}
+PREFECT_FREE = ("model", "kernels", "data_specs", "warehouse")
+
+
+def _module(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _imports(tree: ast.Module, top_level_only: bool) -> list[tuple[int, str]]:
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    out = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += [(node.lineno, node.module)] + [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return out
+
+
+def _sources():
+    for package in OURS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            yield package, path, ast.parse(path.read_text(), filename=str(path))
+
+
+def test_every_import_follows_the_declared_direction():
+    wrong = []
+    for package, path, tree in _sources():
+        for line, name in _imports(tree, top_level_only=False):
+            top = name.split(".")[0]
+            if top in OURS and top not in MAY_IMPORT[package]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+            if top == "prefect" and package in PREFECT_FREE:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name} (Prefect stays in flows/)")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_cycle_among_module_level_imports():
+    modules = {_module(path): tree for _, path, tree in _sources()}
+    # edges to the named modules only: a package's __init__ re-exporting its own submodules is
+    # the normal layout, not a cycle (the parent is in sys.modules before the child runs)
+    def targets(tree: ast.Module) -> set[str]:
+        named = {name for _, name in _imports(tree, top_level_only=True) if name in modules}
+        # "from pkg import submodule" depends on the submodule, not on pkg's __init__
+        return {n for n in named if not any(o.startswith(n + ".") for o in named)}
+    graph = {m: targets(tree) - {m} for m, tree in modules.items()}
+    state: dict[str, int] = {}   # 1: on the current path, 2: done
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "\n".join(cycles)
