@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedConfig
 
 LINEAR = "linear_attention"
+# label of a position that is not trained on (prompt, padding): the one definition, as in torch/HF
+IGNORE_INDEX = -100
 SOFTMAX = "full_attention"
 
 

@@ -24,9 +24,7 @@ from transformers.modeling_outputs import MoeCausalLMOutputWithPast
 
 from kernels import lightning_attn, lightning_attn_recurrent, token_logprobs
 
-from .config import LINEAR, HybridConfig, build_model_config
-
-IGNORE_INDEX = -100
+from .config import IGNORE_INDEX, LINEAR, HybridConfig, build_model_config
 
 
 # --------------------------------------------------------------------------- cache

@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from model.config import IGNORE_INDEX
 
 # M1 section 3.1 / Appendix: AdamW with beta = (0.9, 0.95) and eps = 1e-15, because the
 # gradients of a large model span many orders of magnitude and late-training updates are tiny.

@@ -1,4 +1,4 @@
-"""MinHash near-duplicate detection: vectorized numpy signatures, LSH banding, union-find.
+"""MinHash near-duplicate detection: vectorized numpy signatures, LSH banding, connected components (scipy).
 
 Signatures: each shingle's 64-bit hash is cut to 32 bits and pushed through ``num_perm``
 multiply-shift hash functions ((a*x + b) mod 2**64) >> 32 with random odd 64-bit a and
@@ -165,7 +165,7 @@ def estimated_jaccard(sig: np.ndarray, pairs: np.ndarray, chunk: int = 200_000) 
 
 
 def components(n: int, pairs: np.ndarray) -> np.ndarray:
-    """Connected-component label per node (union-find over the edges)."""
+    """Connected-component label per node (scipy's connected_components over the edges)."""
     if len(pairs) == 0:
         return np.arange(n)
     graph = coo_matrix((np.ones(len(pairs), np.int8), (pairs[:, 0], pairs[:, 1])), shape=(n, n))

@@ -65,7 +65,7 @@ def encode_example(tokenizer, prompt: str, response: str) -> tuple[list[int], in
 
 def pad_batch(sequences: list[list[int]], prompt_lengths: list[int], pad_id: int,
               max_tokens: int | None = None) -> dict[str, torch.Tensor]:
-    """Right-padded ids, attention mask, and labels with prompt and padding set to -100."""
+    """Right-padded ids, attention mask, and labels with prompt and padding set to IGNORE_INDEX."""
     if max_tokens is not None:
         sequences = [s[:max_tokens] for s in sequences]
     width = max(len(s) for s in sequences)

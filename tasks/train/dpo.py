@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from model.losses import dpo_loss, sequence_logprob, token_logprobs
+from model.losses import IGNORE_INDEX, dpo_loss, sequence_logprob, token_logprobs
 from tasks.train.data import batch_indices, encode_example, pad_batch, pad_id_of
 from tasks.train.engine import backward_and_step, current_lr
 from tasks.train.runner import StageHarness
@@ -21,7 +21,7 @@ from tasks.train.sft import ids_digest
 def _sequence_logps(model, encoded: list[tuple[list[int], int]], pad: int, max_tokens: int) -> torch.Tensor:
     batch = pad_batch([e[0] for e in encoded], [e[1] for e in encoded], pad, max_tokens)
     logp, _, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["labels"])
-    return sequence_logprob(logp, batch["labels"][:, 1:] != -100)
+    return sequence_logprob(logp, batch["labels"][:, 1:] != IGNORE_INDEX)
 
 
 @torch.no_grad()

@@ -22,6 +22,7 @@ import torch
 
 from data_specs import get_spec
 from model.losses import (
+    IGNORE_INDEX,
     group_advantages,
     informative_groups,
     masked_mean,
@@ -146,7 +147,7 @@ def _training_tensors(batch: RolloutBatch, tokenizer, prompt_cache: dict[str, li
         seqs.append(ids + list(completion.token_ids))
         prompt_lengths.append(len(ids))
     tensors = pad_batch(seqs, prompt_lengths, pad)
-    tensors["mask"] = (tensors["labels"][:, 1:] != -100).float()
+    tensors["mask"] = (tensors["labels"][:, 1:] != IGNORE_INDEX).float()
     # the sampler's own log-prob of each response token, aligned with the trainer's
     sampler = torch.zeros_like(tensors["mask"])
     for row, (completion, n_prompt) in enumerate(zip(batch.completions, prompt_lengths)):

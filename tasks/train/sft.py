@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hashlib
 
-from model.losses import sft_loss, token_logprobs
+from model.losses import IGNORE_INDEX, sft_loss, token_logprobs
 from tasks.train.data import batch_indices, encode_example, pad_batch, pad_id_of
 from tasks.train.engine import backward_and_step, current_lr
 from tasks.train.runner import StageHarness
@@ -32,7 +32,7 @@ def train_sft(h: StageHarness) -> dict:
                               cfg.max_tokens)
             logp, _, aux = token_logprobs(engine.module, batch["input_ids"], batch["attention_mask"],
                                           batch["labels"])
-            mask = batch["labels"][:, 1:] != -100
+            mask = batch["labels"][:, 1:] != IGNORE_INDEX
             loss = sft_loss(logp, mask, cfg.normalization) + aux
             step_norm = backward_and_step(engine, loss)
             norm = step_norm if step_norm is not None else norm
