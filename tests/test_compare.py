@@ -174,8 +174,7 @@ def test_report_leads_with_the_summary_folds_the_long_tables_and_says_why_a_char
     assert [h.split(" (")[0] for h in folded] == ["Final metrics", "Parameters"] == \
         [h.split(" (")[0] for h in headings[-2:]]
     # a run that logged nothing to draw: every chart says why it is absent
-    with tracking.tracked_run("pipeline", experiment="exp-empty") as empty:
-        with tracking.tracked_run("ingest"):
-            tracking.log_counters({"rows": 3}, prefix="ingest")
+    with tracking.tracked_run("pipeline", experiment="exp-empty") as empty, tracking.tracked_run("ingest"):
+        tracking.log_counters({"rows": 3}, prefix="ingest")
     page = write_run_report(empty, home=home, out_dir=tmp_path / "empty", log_to_mlflow=False).read_text()
     assert page.count("<em>no chart: ") == 4 and "data:image/png" not in page
