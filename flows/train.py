@@ -99,8 +99,10 @@ def train_stage_task(stage: str, home: str, profile: str, run_name: str, init_mo
 
 def _stage_rows(wh: Warehouse, ref: TableRef, stage: str) -> int:
     """Rows of the stage's table snapshot this stage trains on (its ``stage`` column, if any)."""
-    df = wh.read(ref.name, ref.snapshot)
-    return df.filter(pl.col("stage") == stage).height if "stage" in df.columns else df.height
+    lazy = wh.scan(ref.name, ref.snapshot)   # counted from the Parquet files, not loaded
+    if "stage" in lazy.collect_schema().names():
+        lazy = lazy.filter(pl.col("stage") == stage)
+    return int(lazy.select(pl.len()).collect().item())
 
 
 def _model_identity(path: str) -> str:

@@ -43,8 +43,9 @@ def configure(tracking_uri: str | None = None, home: str | os.PathLike | None = 
     return uri
 
 
-# MLflow 3's UI opens an experiment in its GenAI view (traces, evaluations) unless the
-# experiment says it holds model training; the tag is what the UI reads.
+# The experiment kind says the experiment holds model training, not GenAI traces. (MLflow
+# 3.17's UI still opens its GenAI view unless the URL says ?workflowType=machine_learning,
+# which is the address `posttrain ui` prints.)
 EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 
 
