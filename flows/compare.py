@@ -452,11 +452,19 @@ def _img(path: Path | None, alt: str, missing: str = "") -> str:
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"><figcaption>{html.escape(alt)}</figcaption></figure>'
 
 
-def _html_table(frame: pl.DataFrame, empty: str = "none") -> str:
+def _html_table(frame: pl.DataFrame, empty: str = "none", links: dict[str, str] | None = None) -> str:
+    """A table; ``links`` maps a column to a URL template (``{}``: the cell) its cells link to."""
     if frame.height == 0:
         return f"<p><em>{html.escape(empty)}</em></p>"
+    links = links or {}
+
+    def cell(column: str, value) -> str:
+        text = html.escape(_fmt(value))
+        if column in links and value is not None:
+            return f'<a href="{html.escape(links[column].format(value))}">{text}</a>'
+        return text
     head = "".join(f"<th>{html.escape(c)}</th>" for c in frame.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td>{cell(c, v)}</td>" for c, v in zip(frame.columns, row)) + "</tr>"
                    for row in frame.iter_rows())
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
@@ -493,11 +501,16 @@ table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}th,td{border:1
 th{background:#f3f3f3}img{max-width:100%}figure{margin:1em 0}figcaption{color:#666;font-size:12px}"""
 
 
+MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"   # where `posttrain ui` serves MLflow unless told otherwise
+
+
 def write_run_report(run_id: str, home: str | os.PathLike | None = None, out_dir: str | os.PathLike | None = None,
-                     tracking_uri: str | None = None, log_to_mlflow: bool = True) -> Path:
+                     tracking_uri: str | None = None, log_to_mlflow: bool = True,
+                     mlflow_ui: str = MLFLOW_UI_DEFAULT) -> Path:
     """Write ``report.html`` (self-contained: images inlined) for a run and its stage runs.
 
-    Also logs it, with the PNGs, as artifacts under ``report/`` of the run. Returns the path.
+    Also logs it, with the PNGs, as artifacts under ``report/`` of the run. Each run id links
+    to that run in the MLflow UI at ``mlflow_ui``. Returns the path.
     """
     client = _client(home, tracking_uri)
     wh = Warehouse(home)
@@ -524,7 +537,11 @@ def write_run_report(run_id: str, home: str | os.PathLike | None = None, out_dir
         f"<h1>posttrain run {html.escape(label)}</h1>",
         (f"<p>run id <code>{root.info.run_id}</code>, status {root.info.status}, started {started}, "
          f"experiment <code>{html.escape(client.get_experiment(root.info.experiment_id).name)}</code></p>"),
-        "<h2>Stages</h2>", _html_table(_stage_rows(family)),
+        "<h2>Stages</h2>",
+        (f"<p>Run ids open the run in the MLflow UI that <code>posttrain ui</code> serves on {html.escape(mlflow_ui)}."
+         "</p>"),
+        _html_table(_stage_rows(family), links={
+            "run_id": f"{mlflow_ui}/#/experiments/{root.info.experiment_id}/runs/{{}}?workflowType=machine_learning"}),
         "<h2>What each training stage did: held-out pass@1</h2>",
         _html_table(ladder_frame(ladder), "no per-stage evaluation in this run"),
         _img(plots.get("ladder"), "held-out pass@1 per family after base, SFT, DPO and RL",

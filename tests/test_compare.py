@@ -120,6 +120,10 @@ def test_run_report_is_logged_to_the_run(two_runs, home):
     for expected in ("Stages", "curate", "Held-out pass@k", "math500", "duplicate-of",
                      "Reward curves", "rl.reward_mean", "data:image/png;base64,"):
         assert expected in page
+    # each run id opens that run in the MLflow UI `posttrain ui` serves, in its Model-training view
+    experiment = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}").get_run(a).info.experiment_id
+    assert (f'href="http://127.0.0.1:5000/#/experiments/{experiment}/runs/{a}?workflowType=machine_learning"'
+            in page)
     tracking.configure(home=home)   # artifact listing resolves runs through the global tracking URI
     client = MlflowClient()
     logged = {f.path for f in client.list_artifacts(a, "report")}
