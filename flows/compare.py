@@ -27,6 +27,7 @@ from mlflow.tracking import MlflowClient
 
 from tasks import tracking
 from tasks.evaluate import ladder_figure, ladder_order
+from tasks.train.config import STAGE_ORDER
 from warehouse import Warehouse
 
 EVAL_METRIC = re.compile(r"^eval\.(?P<benchmark>.+)\.pass_at_(?P<k>\d+)$")
@@ -128,9 +129,10 @@ def eval_pass_at_k(family: RunFamily) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema).unique(["benchmark", "k"], keep="last").sort("benchmark", "k")
 
 
-STAGE_PREFIX = re.compile(r"^eval\.(base|sft_short|sft_long|dpo_short|dpo_long|rl)\.")  # per-stage, any k
-STAGE_EVAL_METRIC = re.compile(r"^eval\.(?P<stage>base|sft_short|sft_long|dpo_short|dpo_long|rl)\."
-                               r"(?P<benchmark>.+)\.pass_at_1$")
+LADDER_STAGES = ("base", *STAGE_ORDER)   # the models evaluate scores, in training order
+_LADDER = "|".join(LADDER_STAGES)
+STAGE_PREFIX = re.compile(rf"^eval\.({_LADDER})\.")  # a per-stage metric, any k
+STAGE_EVAL_METRIC = re.compile(rf"^eval\.(?P<stage>{_LADDER})\.(?P<benchmark>.+)\.pass_at_1$")
 
 
 def eval_ladder(family: RunFamily) -> dict[str, dict[str, float]]:
@@ -141,8 +143,7 @@ def eval_ladder(family: RunFamily) -> dict[str, dict[str, float]]:
             m = STAGE_EVAL_METRIC.match(name)
             if m:
                 out.setdefault(m["benchmark"], {})[m["stage"]] = float(value)
-    order = ["base", "sft_short", "sft_long", "dpo_short", "dpo_long", "rl"]
-    return {b: dict(sorted(v.items(), key=lambda kv: order.index(kv[0]))) for b, v in sorted(out.items())}
+    return {b: dict(sorted(v.items(), key=lambda kv: LADDER_STAGES.index(kv[0]))) for b, v in sorted(out.items())}
 
 
 def ladder_frame(ladder: dict[str, dict[str, float]]) -> pl.DataFrame:
@@ -247,9 +248,9 @@ def ladder_side_by_side(la: dict[str, dict[str, float]], lb: dict[str, dict[str,
     def frame(ladder):
         rows = [{"benchmark": bench, "stage": stage, "v": v} for bench, by in ladder.items() for stage, v in by.items()]
         return pl.DataFrame(rows, schema={"benchmark": pl.Utf8, "stage": pl.Utf8, "v": pl.Float64})
-    order = {s: i for i, s in enumerate(["base", "sft_short", "sft_long", "dpo_short", "dpo_long", "rl"])}
     out = _side_by_side(frame(la), frame(lb), ["benchmark", "stage"], "v")
-    return out.sort(pl.col("benchmark"), pl.col("stage").replace_strict(order, default=99))
+    order = {stage: i for i, stage in enumerate(LADDER_STAGES)}
+    return out.sort(pl.col("benchmark"), pl.col("stage").replace_strict(order, default=len(order)))
 
 
 def _metric_frame(metrics: dict[str, float]) -> pl.DataFrame:
@@ -444,10 +445,10 @@ def print_comparison(result: Comparison, console=None) -> None:
 
 # -- the per-run report ----------------------------------------------------------------------------
 
-def _img(path: Path | None, alt: str, missing: str = "") -> str:
+def _img(path: Path | None, alt: str, missing: str) -> str:
     """The plot inlined, or ``missing`` (why there is no chart) when there is none."""
     if path is None:
-        return f"<p><em>no chart: {html.escape(missing)}</em></p>" if missing else ""
+        return f"<p><em>no chart: {html.escape(missing)}</em></p>"
     data = base64.b64encode(path.read_bytes()).decode()
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"><figcaption>{html.escape(alt)}</figcaption></figure>'
 

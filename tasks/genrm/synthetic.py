@@ -127,11 +127,23 @@ class JudgeGrade:
         return grade_prompt(self.question, self.ground_truth, self.response, max_chars)
 
 
+def judge_grades(task, instance, rng: random.Random,
+                 consistent: tuple[bool, ...] = (True, False)) -> list[JudgeGrade] | None:
+    """One grade item per entry of ``consistent``: the gold (True) or a rejected perturbation
+    (False), each to be graded against the gold; None when any cannot be made. The gold is
+    verified once for all of them."""
+    if task.verify(instance, answer_text(instance.answer)) < 1.0:
+        return None  # a gold the verifier does not accept would teach the wrong grade
+    items = []
+    for same in consistent:
+        shown = instance.answer if same else wrong_answer(task, instance, rng)
+        if shown is None:
+            return None
+        items.append(JudgeGrade(instance.prompt, instance.answer, answer_text(shown), 1 if same else 0))
+    return items
+
+
 def judge_grade(task, instance, consistent: bool, rng: random.Random) -> JudgeGrade | None:
     """The gold (``consistent``) or a rejected perturbation, to be graded against the gold."""
-    if task.verify(instance, answer_text(instance.answer)) < 1.0:
-        return None
-    shown = instance.answer if consistent else wrong_answer(task, instance, rng)
-    if shown is None:
-        return None
-    return JudgeGrade(instance.prompt, instance.answer, answer_text(shown), 1 if consistent else 0)
+    items = judge_grades(task, instance, rng, (consistent,))
+    return items[0] if items else None

@@ -26,7 +26,7 @@ import random
 from collections.abc import Callable, Iterator
 
 from tasks.genrm.config import JudgeConfig
-from tasks.genrm.synthetic import grade_text, judge_grade, judge_pair, judge_response
+from tasks.genrm.synthetic import grade_text, judge_grades, judge_pair, judge_response
 
 JUDGE_DOMAIN = "judge"
 # candidates and question are shown whole: tiny prompts are far below the default cut
@@ -70,8 +70,8 @@ def _grade_examples(task, candidates: Iterator[dict], wanted: int, rng: random.R
                     max_chars: int) -> list[dict]:
     """``wanted`` grade examples, two per instance (consistent, then inconsistent)."""
     def make(instance, _made: int) -> list[dict]:
-        items = [judge_grade(task, instance, consistent, rng) for consistent in (True, False)]
-        if any(item is None for item in items):
+        items = judge_grades(task, instance, rng)
+        if items is None:
             return []  # both grades or neither: the balance is what makes the verdict a comparison
         return [{"prompt": item.prompt(max_chars), "response": grade_text(bool(item.label))} for item in items]
     return _take(candidates, wanted, max_chars, make)
