@@ -62,6 +62,8 @@ class HybridCache(Cache):
         ]
         super().__init__(layers=layers)
         self.seen_tokens = 0
+        # per MoE layer, per row: routing sums of the cached tokens (see accumulate_router_sums)
+        self.router_sums: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         # tracked here because a cache of only lightning layers has no KV length to read
@@ -69,6 +71,33 @@ class HybridCache(Cache):
 
     def advance(self, num_tokens: int) -> None:
         self.seen_tokens += num_tokens
+
+    def accumulate_router_sums(self, layer_idx: int, sums: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """Add one forward's per-row routing sums to the cached tokens' and keep the total, so
+        that a forward on top of a cache gets the balance loss of the whole sequence (a prompt
+        encoded once and shared by G responses then weighs G times, as in G full forwards)."""
+        past = self.router_sums.get(layer_idx)
+        if past is not None:
+            sums = tuple(p + s for p, s in zip(past, sums))
+        self.router_sums[layer_idx] = sums
+        return sums
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self.router_sums = {i: tuple(t[indices] for t in sums) for i, sums in self.router_sums.items()}
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self.router_sums = {i: tuple(t[beam_idx] for t in sums) for i, sums in self.router_sums.items()}
+
+    def reset(self) -> None:
+        super().reset()
+        self.router_sums = {}
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self.router_sums = {i: tuple(t.repeat_interleave(repeats, dim=0) for t in sums)
+                            for i, sums in self.router_sums.items()}
 
     def state_bytes(self) -> dict[str, int]:
         """Memory held by lightning states vs softmax KV tensors (for the constant-size check)."""
@@ -211,8 +240,9 @@ class SwiGLU(nn.Module):
 class MoEFeedForward(nn.Module):
     """Top-k routed SwiGLU experts with the Switch-Transformer load-balancing loss."""
 
-    def __init__(self, config: HybridConfig):
+    def __init__(self, config: HybridConfig, layer_idx: int = 0):
         super().__init__()
+        self.layer_idx = layer_idx
         self.num_experts = config.num_experts
         self.top_k = config.num_experts_per_tok
         self.router = nn.Linear(config.hidden_size, self.num_experts, bias=False)
@@ -220,7 +250,7 @@ class MoEFeedForward(nn.Module):
             SwiGLU(config.hidden_size, config.intermediate_size) for _ in range(self.num_experts)
         )
 
-    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None):
+    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None, cache: HybridCache | None = None):
         flat = x.reshape(-1, x.shape[-1])
         probs = torch.softmax(self.router(flat).float(), dim=-1)
         top_p, top_idx = probs.topk(self.top_k, dim=-1)
@@ -231,26 +261,31 @@ class MoEFeedForward(nn.Module):
             if token_idx.numel():
                 weight = top_p[token_idx, slot, None].to(flat.dtype)
                 out.index_add_(0, token_idx, expert(flat[token_idx]) * weight)
-        return out.view_as(x), self._balance_loss(probs, top_idx, token_mask, x.shape[1])
+        return out.view_as(x), self._balance_loss(probs, top_idx, token_mask, x.shape[:2], cache)
 
-    def _balance_loss(self, probs, top_idx, token_mask, seq_len) -> torch.Tensor:
-        """num_experts * sum_e (share of routed slots to e) * (mean router prob of e); 1 when balanced."""
+    def _balance_loss(self, probs, top_idx, token_mask, batch_seq, cache) -> torch.Tensor:
+        """num_experts * sum_e (share of routed slots to e) * (mean router prob of e); 1 when balanced.
+        Over the cached tokens too when a cache is given (kept as per-row sums in it)."""
+        batch, seq_len = batch_seq
         if token_mask is None:
-            weights = probs.new_ones(probs.shape[0])
+            weights = probs.new_ones(batch, seq_len, 1)
         else:
-            weights = token_mask[:, -seq_len:].reshape(-1).float()
-        total = weights.sum().clamp(min=1.0)
-        assigned = F.one_hot(top_idx, self.num_experts).float().sum(1)  # [N, E]
-        slot_share = (assigned * weights[:, None]).sum(0) / (total * self.top_k)
-        mean_prob = (probs * weights[:, None]).sum(0) / total
-        return self.num_experts * (slot_share * mean_prob).sum()
+            weights = token_mask[:, -seq_len:, None].float()
+        assigned = F.one_hot(top_idx, self.num_experts).float().sum(1).view(batch, seq_len, -1)
+        sums = ((assigned * weights).sum(1), (probs.view(batch, seq_len, -1) * weights).sum(1), weights.sum(1))
+        if cache is not None:
+            sums = cache.accumulate_router_sums(self.layer_idx, sums)
+        slots, prob_mass, count = (t.sum(0) for t in sums)
+        total = count.clamp(min=1.0)
+        slot_share = slots / (total * self.top_k)
+        return self.num_experts * (slot_share * prob_mass / total).sum()
 
 
 class DenseFeedForward(SwiGLU):
     def __init__(self, config: HybridConfig):
         super().__init__(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None):
+    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None, cache: HybridCache | None = None):
         return super().forward(x), x.new_zeros((), dtype=torch.float32)
 
 
@@ -260,7 +295,7 @@ class HybridDecoderLayer(nn.Module):
         self.is_lightning = config.layer_types[layer_idx] == LINEAR
         attn_cls = LightningAttention if self.is_lightning else SoftmaxAttention
         self.attn = attn_cls(config, layer_idx)
-        self.ffn = MoEFeedForward(config) if config.num_experts else DenseFeedForward(config)
+        self.ffn = MoEFeedForward(config, layer_idx) if config.num_experts else DenseFeedForward(config)
         self.attn_norm = HybridRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.ffn_norm = HybridRMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -270,7 +305,7 @@ class HybridDecoderLayer(nn.Module):
             x = x + self.attn(h, token_mask, cache)
         else:
             x = x + self.attn(h, rotary, attn_mask, cache)
-        ffn_out, aux_loss = self.ffn(self.ffn_norm(x), token_mask)
+        ffn_out, aux_loss = self.ffn(self.ffn_norm(x), token_mask, cache)
         return x + ffn_out, aux_loss
 
 
@@ -462,7 +497,9 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
     def _shifted_targets(labels: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         targets = labels[:, 1:]
         if attention_mask is not None:
-            targets = targets.masked_fill(attention_mask[:, 1:] == 0, IGNORE_INDEX)
+            # the mask may cover cached tokens too: its last columns are the labels' own
+            current = attention_mask[:, attention_mask.shape[1] - targets.shape[1]:]
+            targets = targets.masked_fill(current == 0, IGNORE_INDEX)
         return targets
 
     def token_logprobs(

@@ -1,4 +1,6 @@
-"""Every training loss in one module: SFT cross-entropy, DPO, GRPO, DAPO and CISPO.
+"""Every training loss in one module: SFT cross-entropy, DPO, GRPO, DAPO and CISPO, and the
+per-token log-probs they consume, re-encoding every row (``token_logprobs``) or encoding each
+distinct prompt once for the responses that share it (``prefix_shared_logprobs``).
 
 All policy losses take per-token tensors of shape [B, T] (B responses, T response
 positions) with a 0/1 ``mask`` of the tokens that count, and return a scalar loss to
@@ -12,12 +14,17 @@ Eq. 7 mask variant).
 """
 from __future__ import annotations
 
-from typing import Literal
+import inspect
+import logging
+import weakref
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from model.config import IGNORE_INDEX
+
+log = logging.getLogger("posttrain.losses")
 
 # M1 section 3.1 / Appendix: AdamW with beta = (0.9, 0.95) and eps = 1e-15, because the
 # gradients of a large model span many orders of magnitude and late-training updates are tiny.
@@ -55,16 +62,171 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     labels = input_ids if labels is None else labels
     if hasattr(model, "token_logprobs"):
         logp, entropy, aux = model.token_logprobs(input_ids, attention_mask, labels, with_aux=True)
-        coef = float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)
-        if not getattr(model.config, "num_experts", 0):
-            coef = 0.0
-        return logp, entropy, aux * coef
+        return logp, entropy, aux * _aux_coefficient(model)
     out = model(input_ids=input_ids, attention_mask=attention_mask)
     targets = labels[:, 1:]
     if attention_mask is not None:
         targets = targets.masked_fill(attention_mask[:, 1:] == 0, IGNORE_INDEX)
     logp, entropy = logprobs_from_logits(out.logits[:, :-1], targets)
     return logp, entropy, logp.new_zeros(())
+
+
+# --------------------------------------------------------------------------- prefix-shared log-probs
+
+
+class SharedLogprobs(NamedTuple):
+    """``token_logprobs``'s three outputs, plus the tokens the forward did not re-encode."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor
+    aux: torch.Tensor
+    tokens_saved: int
+
+
+class PrefixLayout(NamedTuple):
+    """A right-padded prompt+response batch cut into each distinct prompt's prefix (all its
+    tokens but the last, left-padded) and each row's chunk (the prompt's last token, then the
+    response, right-padded). The chunk starts at the prompt's last token so that the first
+    response token is scored inside the chunk's own forward."""
+
+    prefix_ids: torch.Tensor      # [P, W]
+    prefix_mask: torch.Tensor     # [P, W]
+    prompt_of_row: torch.Tensor   # [B] -> row of the prefix batch
+    chunk_ids: torch.Tensor       # [B, C]
+    chunk_mask: torch.Tensor      # [B, C]
+    chunk_labels: torch.Tensor    # [B, C]
+    chunk_start: torch.Tensor     # [B] column of each chunk's first token in the batch
+
+
+def response_starts(attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Prompt length of every row: its first scored label (at least 1; the whole row if none)."""
+    scored = labels != IGNORE_INDEX
+    first = torch.where(scored.any(1), scored.int().argmax(1), attention_mask.sum(1))
+    return first.clamp(min=1)
+
+
+def prefix_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+                  pad_id: int = 0) -> PrefixLayout:
+    """Rows with identical prompts share one prefix, whatever their position in the batch."""
+    starts = response_starts(attention_mask, labels)
+    slots: dict[tuple[int, ...], int] = {}
+    prompt_of_row = [slots.setdefault(tuple(ids[:n].tolist()), len(slots)) for ids, n in zip(input_ids, starts)]
+    prompts = list(slots)
+    width = max(len(p) for p in prompts) - 1
+    prefix_ids = input_ids.new_full((len(prompts), width), pad_id)
+    prefix_mask = attention_mask.new_zeros((len(prompts), width))
+    for row, prompt in enumerate(prompts):
+        if len(prompt) > 1:
+            prefix_ids[row, width - len(prompt) + 1:] = torch.tensor(prompt[:-1])
+            prefix_mask[row, width - len(prompt) + 1:] = 1
+    chunk_start = starts - 1
+    chunk_width = int((attention_mask.sum(1) - chunk_start).max().clamp(min=1))
+    cols = chunk_start[:, None] + torch.arange(chunk_width, device=input_ids.device)[None]
+    inside = cols < input_ids.shape[1]
+    cols = cols.clamp(max=input_ids.shape[1] - 1)
+    return PrefixLayout(
+        prefix_ids, prefix_mask, torch.tensor(prompt_of_row, device=input_ids.device),
+        torch.where(inside, input_ids.gather(1, cols), pad_id),
+        attention_mask.gather(1, cols) * inside,
+        torch.where(inside, labels.gather(1, cols), IGNORE_INDEX),
+        chunk_start)
+
+
+# models whose cache cannot carry a shared prefix exactly, with the reason (each logged once)
+_NO_PREFIX_SHARING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _exact_prefix_cache(cache) -> str | None:
+    """None when ``cache`` reproduces a full forward after left-padded prefixes, else why not.
+
+    The in-house HybridCache does (padded tokens write nothing into a lightning state, and its
+    masks and positions count only real tokens); a transformers cache only when every layer is
+    a plain growing KV layer (a sliding window or a recurrent state would see the padding)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    from model.hybrid import HybridCache
+
+    if isinstance(cache, HybridCache):
+        return None
+    if cache is None:
+        return "the model returned no cache (use_cache off, or gradient checkpointing)"
+    layers = getattr(cache, "layers", None)
+    if isinstance(cache, DynamicCache) and layers and all(type(layer) is DynamicLayer for layer in layers):
+        return None
+    kinds = sorted({type(layer).__name__ for layer in layers or []})
+    return f"its {type(cache).__name__} ({', '.join(kinds) or 'no layers'}) is not a plain KV cache"
+
+
+def _forward_chunk(model, layout: PrefixLayout, cache, full_mask: torch.Tensor):
+    """(log-prob, entropy, scaled aux) of every chunk position's next token, [B, C-1]."""
+    positions = (full_mask.cumsum(-1) - 1).clamp(min=0)[:, -layout.chunk_ids.shape[1]:]
+    if hasattr(model, "token_logprobs"):  # the hybrid: fused FP32 head, balance loss over the prefix too
+        out = model(layout.chunk_ids, attention_mask=full_mask, position_ids=positions, cache=cache,
+                    labels=layout.chunk_labels)
+        return out.token_logprobs, out.entropy, out.aux_loss * _aux_coefficient(model)
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out = model(input_ids=layout.chunk_ids, attention_mask=full_mask, position_ids=positions,
+                **{cache_arg: cache})
+    targets = layout.chunk_labels[:, 1:].masked_fill(layout.chunk_mask[:, 1:] == 0, IGNORE_INDEX)
+    logp, entropy = logprobs_from_logits(out.logits[:, :-1], targets)
+    return logp, entropy, logp.new_zeros(())
+
+
+def _to_batch_columns(values: torch.Tensor, chunk_start: torch.Tensor, width: int) -> torch.Tensor:
+    """Chunk position j of row r -> column chunk_start[r] + j of a [B, width] tensor (0 elsewhere)."""
+    cols = chunk_start[:, None] + torch.arange(values.shape[1], device=values.device)[None]
+    full = values.new_zeros(values.shape[0], width + values.shape[1])
+    return full.scatter(1, cols, values)[:, :width]  # columns are distinct within a row
+
+
+def _aux_coefficient(model) -> float:
+    if not getattr(model.config, "num_experts", 0):
+        return 0.0
+    return float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)
+
+
+def _reencode(model, input_ids, attention_mask, labels, reason: str | None = None) -> SharedLogprobs:
+    if reason is not None and model not in _NO_PREFIX_SHARING:
+        _NO_PREFIX_SHARING[model] = reason
+        log.warning("prefix-shared log-probs off for %s: %s; re-encoding every response's prompt",
+                    type(model).__name__, reason)
+    return SharedLogprobs(*token_logprobs(model, input_ids, attention_mask, labels), 0)
+
+
+def prefix_shared_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           labels: torch.Tensor, pad_id: int = 0) -> SharedLogprobs:
+    """``token_logprobs`` of right-padded prompt+response rows, each distinct prompt encoded once.
+
+    The prompts' prefixes run in one forward that keeps its cache (lightning states and
+    softmax keys/values, with their autograd graph); the cache rows are copied to every
+    response of that prompt and the responses run on top of it, so the gradient of each
+    response flows back into the one shared prompt forward. Log-probs and the aux loss equal
+    re-encoding's up to float summation order; entropies are given at scored positions only
+    (0 elsewhere). Rows with the same prompt share it wherever they sit (a group split across
+    micro-batches shares within each part). Re-encodes when nothing is shared or the model's
+    cache cannot carry a padded prefix exactly (the reason logged once per model).
+    """
+    if model in _NO_PREFIX_SHARING:
+        return _reencode(model, input_ids, attention_mask, labels)
+    layout = prefix_layout(input_ids, attention_mask, labels, pad_id)
+    if layout.prefix_ids.shape[0] == input_ids.shape[0] or layout.prefix_ids.shape[1] == 0:
+        return _reencode(model, input_ids, attention_mask, labels)
+    positions = (layout.prefix_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=layout.prefix_ids, attention_mask=layout.prefix_mask, position_ids=positions,
+                use_cache=True, logits_to_keep=1)
+    cache = getattr(out, "cache", None)
+    cache = getattr(out, "past_key_values", None) if cache is None else cache
+    reason = _exact_prefix_cache(cache)
+    if reason is not None:
+        return _reencode(model, input_ids, attention_mask, labels, reason)
+    cache.batch_select_indices(layout.prompt_of_row)
+    full_mask = torch.cat([layout.prefix_mask[layout.prompt_of_row], layout.chunk_mask], dim=1)
+    logp, entropy, aux = _forward_chunk(model, layout, cache, full_mask)
+    scored = (layout.chunk_labels[:, 1:] != IGNORE_INDEX) & (layout.chunk_mask[:, 1:] != 0)
+    width = input_ids.shape[1] - 1
+    saved = int(attention_mask.sum() - layout.prefix_mask.sum() - layout.chunk_mask.sum())
+    return SharedLogprobs(_to_batch_columns(logp, layout.chunk_start, width),
+                          _to_batch_columns(entropy * scored, layout.chunk_start, width), aux, saved)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -132,6 +132,8 @@ class RLStageConfig(StageCommon):
     group_size: int = Field(16, ge=2)
     # M1: several off-policy updates per generation batch; each minibatch is one optimizer step
     updates_per_batch: int = Field(16, ge=1)
+    prefix_shared: bool = Field(True, description="encode each prompt once for its responses in a forward: same "
+                                "log-probs and gradients as re-encoding, fewer tokens (re-encodes where a model's cache can't)")
     eps_low: float = Field(1.0, gt=0, description="M1 imposes no lower bound in practice")
     dynamic_sampling: bool = True
     max_sampling_rounds: int = Field(3, ge=1)

@@ -5,7 +5,8 @@ One step: draw prompts (curriculum) -> sample a group of completions per prompt 
 trained ones at every step) -> rewards by domain (verifiers for math/logic/code, the
 GenRM against the prompt's reference for general/instruction, one batched judge call per
 sampling round) -> drop groups whose rewards are all equal (dynamic sampling) -> group
-advantages -> log-probs of the behaviour policy -> ``updates_per_batch`` optimizer steps
+advantages -> log-probs of the behaviour policy (with ``prefix_shared``, every forward encodes
+each distinct prompt once for all its responses) -> ``updates_per_batch`` optimizer steps
 over minibatches of groups (the first on-policy, the rest off-policy, which is where
 CISPO's clipped importance weight matters) -> gates of the length schedule -> the
 length-bias monitor (reward vs response length at fixed correctness), whose events end up
@@ -23,10 +24,12 @@ import torch
 from data_specs import get_spec
 from model.losses import (
     IGNORE_INDEX,
+    SharedLogprobs,
     group_advantages,
     informative_groups,
     masked_mean,
     policy_loss,
+    prefix_shared_logprobs,
     token_logprobs,
 )
 from tasks.genrm.length_bias import LengthBiasMonitor
@@ -185,15 +188,27 @@ def _micro_batches(rows: list[int], accumulation: int) -> list[list[int]]:
     return [rows[i:i + size] for i in range(0, len(rows), size)]
 
 
-def _behaviour_logprobs(module, tensors: dict, micro_batches: list[list[int]]) -> torch.Tensor:
-    """Log-probs of the sampling policy, in the training pass's micro-batches (its memory, its shapes)."""
-    old = torch.zeros_like(tensors["mask"])
+def _policy_logprobs(module, tensors: dict, rows: list[int], prefix_shared: bool) -> SharedLogprobs:
+    """Log-probs of ``rows``' responses: each distinct prompt encoded once and shared by its
+    responses in these rows (``prefix_shared``), or every prompt re-encoded with its response."""
+    idx = torch.tensor(rows)
+    batch = (module, tensors["input_ids"][idx], tensors["attention_mask"][idx], tensors["labels"][idx])
+    if prefix_shared:
+        return prefix_shared_logprobs(*batch)
+    return SharedLogprobs(*token_logprobs(*batch), 0)
+
+
+def _behaviour_logprobs(module, tensors: dict, micro_batches: list[list[int]],
+                        prefix_shared: bool) -> tuple[torch.Tensor, int]:
+    """Log-probs of the sampling policy, in the training pass's micro-batches (its memory, its
+    shapes), and the prompt tokens sharing saved."""
+    old, saved = torch.zeros_like(tensors["mask"]), 0
     with torch.no_grad():
         for rows in micro_batches:
-            idx = torch.tensor(rows)
-            old[idx] = token_logprobs(module, tensors["input_ids"][idx], tensors["attention_mask"][idx],
-                                      tensors["labels"][idx])[0]
-    return old
+            out = _policy_logprobs(module, tensors, rows, prefix_shared)
+            old[torch.tensor(rows)] = out.logp
+            saved += out.tokens_saved
+    return old, saved
 
 
 def _minibatch_step(engine, cfg, tensors: dict, micro_batches: list[list[int]], old_logp: torch.Tensor,
@@ -212,12 +227,12 @@ def _minibatch_step(engine, cfg, tensors: dict, micro_batches: list[list[int]], 
         return policy_loss(cfg.loss, logp, old, adv, mask, cfg.eps_low, eps_high,
                            group_size=cfg.group_size, cispo_variant=cfg.cispo_variant)
 
-    logp_seen, entropy_seen, norm, offset = old.clone(), torch.zeros_like(old), None, 0
+    logp_seen, entropy_seen, norm, offset, saved = old.clone(), torch.zeros_like(old), None, 0, 0
     for k, rows in enumerate(micro_batches):
-        at, micro = torch.arange(offset, offset + len(rows)), torch.tensor(rows)
+        at = torch.arange(offset, offset + len(rows))
         offset += len(rows)
-        logp, entropy, aux = token_logprobs(engine.module, tensors["input_ids"][micro],
-                                            tensors["attention_mask"][micro], tensors["labels"][micro])
+        logp, entropy, aux, tokens_saved = _policy_logprobs(engine.module, tensors, rows, cfg.prefix_shared)
+        saved += tokens_saved
         loss, _ = loss_of(old.index_put((at,), logp))
         if k == len(micro_batches) - 1 and not engine.is_gradient_accumulation_boundary():
             raise RuntimeError(f"DeepSpeed's accumulation boundary is not at the end of this update "
@@ -228,7 +243,7 @@ def _minibatch_step(engine, cfg, tensors: dict, micro_batches: list[list[int]], 
         logp_seen[at], entropy_seen[at] = logp.detach(), entropy.detach()
     loss, stats = loss_of(logp_seen)
     stats.update(loss=loss.item(), entropy=masked_mean(entropy_seen, mask).item(),
-                 grad_norm=norm if norm is not None else 0.0)
+                 grad_norm=norm if norm is not None else 0.0, prefix_shared_tokens_saved=float(saved))
     return stats
 
 
@@ -240,14 +255,20 @@ def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, ep
     # split first: a minibatch the accumulation count does not divide fails before any step
     plan = [_micro_batches(rows, accumulation)
             for rows in _minibatches(advantages.numel() // cfg.group_size, cfg.group_size, cfg.updates_per_batch)]
-    old_logp = _behaviour_logprobs(engine.module, tensors, [rows for micro in plan for rows in micro])
+    old_logp, saved = _behaviour_logprobs(engine.module, tensors, [rows for micro in plan for rows in micro],
+                                          cfg.prefix_shared)
     # M1 traced RL failures to a training/inference log-prob gap (LM head precision): keep it visible
     sums: dict[str, float] = {
         "train_infer_logprob_gap": masked_mean((old_logp - tensors["sampler_logp"]).abs(), tensors["mask"]).item()}
     for micro_batches in plan:
         stats = _minibatch_step(engine, cfg, tensors, micro_batches, old_logp, advantages, eps_high)
+        saved += stats.pop("prefix_shared_tokens_saved")
         for k, v in stats.items():
             sums[k] = sums.get(k, 0.0) + v / len(plan)
+    # tokens the step's forwards (behaviour pass and every update) did not re-encode, and their
+    # share of what re-encoding would have run
+    encoded = 2 * float(tensors["attention_mask"].sum())  # every row: once behaviour, once in its update
+    sums.update(prefix_shared_tokens_saved=float(saved), prefix_shared_saved_fraction=saved / max(encoded, 1.0))
     return sums
 
 
