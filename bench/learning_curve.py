@@ -78,7 +78,7 @@ def rl_curve(home: Path, seed: int, loss: str, checkpoints: list[int]) -> list[t
     from data_specs.profile import load_profile
     from tasks.train.config import TrainConfig
     from tasks.train.rl import train_rl
-    from tasks.train.runner import StageHarness, StageJob
+    from tasks.train.harness import StageHarness, StageJob
     from warehouse import Warehouse
 
     wh = Warehouse(home)

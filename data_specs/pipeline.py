@@ -7,12 +7,15 @@ from data_specs.base import Column, TableSpec, register
 
 STAGE_RUNS = register(TableSpec(
     "stage_runs", version=1,
-    description="One row per executed pipeline stage: its cache key, inputs and outputs.",
+    description="One row per executed pipeline stage: its cache key, and the tables it read and wrote "
+                "as the warehouse recorded them while it ran.",
     columns=[
         Column("stage", pl.Utf8, required=True),
-        Column("cache_key", pl.Utf8, required=True, description="hash of input snapshots and config"),
-        Column("inputs", pl.Utf8, required=True, description="JSON list of name@snapshot"),
-        Column("outputs", pl.Utf8, required=True, description="JSON map table -> name@snapshot"),
+        Column("cache_key", pl.Utf8, required=True,
+               description="hash of the stage's config sections, upstream keys and package versions"),
+        Column("inputs", pl.Utf8, required=True,
+               description="JSON list of name@snapshot: each table it consulted, as of the stage's end"),
+        Column("outputs", pl.Utf8, required=True, description="JSON map table -> list of name@snapshot it wrote"),
         Column("config_hash", pl.Utf8, required=True),
         Column("mlflow_run_id", pl.Utf8),
         Column("summary", pl.Utf8, description="JSON summary the stage returned"),

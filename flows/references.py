@@ -140,8 +140,8 @@ def append_calibration(wh: Warehouse, row: dict):
     if wh.exists(CALIBRATIONS_TABLE):
         old = wh.read(CALIBRATIONS_TABLE)
         if old.schema != new.schema:  # v1 rows lack judge_model / fitted_slope: keep them, as nulls
-            return wh.write(CALIBRATIONS_TABLE, pl.concat([spec.conform(old), new]), mode="replace")
-    return wh.write(CALIBRATIONS_TABLE, new, mode="append")
+            return wh.write(CALIBRATIONS_TABLE, pl.concat([spec.conform(old), new]))
+    return wh.append(CALIBRATIONS_TABLE, new)
 
 
 def length_bias_trigger(profile: str = "tiny", home: str | None = None,

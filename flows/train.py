@@ -11,8 +11,11 @@ The RL stage returns the length-bias monitor's events (reward following response
 at fixed correctness); with ``rl.length_bias.trigger_recalibration`` each one starts the
 references flow's ``recalibrate_flow`` once the stage is done.
 
-Public entry points: ``train_flow`` (all or some stages), ``train_stage_flow`` (one stage)
-and one function per stage (``sft_short``, ``sft_long``, ``dpo_short``, ``dpo_long``, ``rl``).
+The stages, the table each trains on and the model each starts from come from the stage
+registry (``data_specs.stages``). Only the training tables the chosen stages read are built,
+and a table whose sources and settings are unchanged is not rebuilt.
+
+Public entry points: ``train_flow`` (all or some stages) and ``train_stage_flow`` (one stage).
 """
 from __future__ import annotations
 
@@ -24,19 +27,17 @@ from pathlib import Path
 import polars as pl
 from prefect import flow, task
 
+from data_specs.stages import STAGE_NAMES, earlier_stages, train_stage
 from flows.common import flow_context, flow_logger, report_progress
 from flows.references import recalibrate_flow
 from tasks import tracking
 from tasks.genrm.config import LengthBiasConfig
 from tasks.train import checkpoint
 from tasks.train.base_model import prepare_base_model
-from tasks.train.config import STAGE_ORDER, TrainConfig
-from tasks.train.registry import register_model
+from tasks.train.config import TrainConfig
+from tasks.train.models import register_model
 from tasks.train.runner import StageJob, execute_stage
 from warehouse import TableRef, Warehouse
-
-STAGE_TABLE = {"sft_short": "sft_data", "sft_long": "sft_data", "dpo_short": "dpo_pairs",
-               "dpo_long": "dpo_pairs", "rl": "rl_prompts"}
 
 
 def _digest(*parts) -> str:
@@ -49,27 +50,25 @@ def base_model_task(home: str, cfg: dict, model_section: dict, seed: int) -> str
 
 
 @task(name="train-build-data")
-def build_data_task(home: str, cfg: dict, base_model: str) -> dict[str, str]:
-    """Write sft_data, dpo_pairs and rl_prompts from the warehouse; their refs by name."""
+def build_data_task(home: str, cfg: dict, base_model: str, tables: list[str]) -> dict[str, TableRef]:
+    """Write the named training tables from the warehouse (unchanged ones are kept); refs by name."""
     from transformers import AutoTokenizer
 
     from tasks.train.data import write_training_tables
 
     tokenizer = AutoTokenizer.from_pretrained(base_model)
-    refs, reports = write_training_tables(Warehouse(home), TrainConfig(**cfg), tokenizer)
+    refs, reports = write_training_tables(Warehouse(home), TrainConfig(**cfg), tokenizer, tables)
     for name, report in reports.items():
         tracking.log_counters(report.counters(), prefix=f"data.{name}")
-    return {name: str(ref) for name, ref in refs.items()}
+    return refs
 
 
 @task(name="train-stage")
-def train_stage_task(stage: str, home: str, profile: str, run_name: str, init_model: str, data_ref: str,
+def train_stage_task(stage: str, home: str, profile: str, run_name: str, init_model: str, ref: TableRef,
                      cfg: dict, config_hash: str, parent_run_id: str | None, resume: bool = True) -> dict:
     """Train one stage in its own MLflow child run and register the resulting model."""
     wh, conf = Warehouse(home), TrainConfig(**cfg)
-    ref = TableRef.parse(data_ref)
-    ref = TableRef(ref.name, ref.snapshot, *_ref_meta(wh, ref))
-    params = {"stage": stage, "run_name": run_name, "init_model": init_model, "data": data_ref,
+    params = {"stage": stage, "run_name": run_name, "init_model": init_model, "data": str(ref),
               "stage_config": conf.stage(stage).model_dump(), "engine": conf.engine.model_dump(),
               "optimizer": conf.optimizer.model_dump(), "seed": conf.seed}
     with tracking.tracked_run(stage, params=params, parent_run_id=parent_run_id,
@@ -77,7 +76,7 @@ def train_stage_task(stage: str, home: str, profile: str, run_name: str, init_mo
         tracking.log_table(ref, context="input")
         fingerprint = _digest(config_hash, stage, ref.content_hash, _model_identity(init_model))
         job = StageJob(stage=stage, home=home, run_name=run_name, profile=profile, init_model=init_model,
-                       data_ref=str(ref), config=cfg, fingerprint=fingerprint, mlflow_run_id=run_id,
+                       data_ref=ref, config=cfg, fingerprint=fingerprint, mlflow_run_id=run_id,
                        tracking_uri=tracking.mlflow.get_tracking_uri())
         if _stage_rows(wh, ref, stage) == 0:
             # e.g. no example is long enough for a long stage: nothing to learn, the model goes on as is
@@ -115,13 +114,6 @@ def _model_identity(path: str) -> str:
     return StageJob.load(job).fingerprint if job.exists() else path
 
 
-def _ref_meta(wh: Warehouse, ref: TableRef) -> tuple[int, str]:
-    row = wh.history(ref.name).filter(pl.col("snapshot") == ref.snapshot)
-    if row.is_empty():
-        raise KeyError(f"{ref} does not exist")
-    return int(row["rows"][0]), row["content_hash"][0]
-
-
 def _prepare_stage_dir(job: StageJob, resume: bool) -> bool:
     """True when the stage already finished with the same inputs (nothing to train).
 
@@ -144,19 +136,18 @@ def _run_name(profile, run_name: str | None, config_hash: str) -> str:
 
 def _stage_sequence(stages: list[str] | None, cfg: TrainConfig) -> list[str]:
     wanted = list(stages) if stages is not None else list(cfg.stages)
-    unknown = [s for s in wanted if s not in STAGE_ORDER]
-    if unknown:
-        raise ValueError(f"unknown training stage(s) {unknown}; expected some of {list(STAGE_ORDER)}")
-    return [s for s in STAGE_ORDER if s in wanted]
+    for name in wanted:
+        train_stage(name)   # a clear error for an unknown name
+    return [s for s in STAGE_NAMES if s in wanted]
 
 
 def _previous_model(wh: Warehouse, run_name: str, stage: str, base: str) -> str:
-    """The newest model this run produced in a stage before ``stage``, else the base model."""
+    """The newest model this run produced in the stages ``stage`` follows (nearest first), else
+    the base model."""
     if not wh.exists("models"):
         return base
     models = wh.read("models").filter(pl.col("run_name") == run_name)
-    earlier = STAGE_ORDER[: STAGE_ORDER.index(stage)]
-    for prev in reversed(earlier):
+    for prev in earlier_stages(stage):
         rows = models.filter(pl.col("stage") == prev)
         if rows.height:
             return rows["path"][-1]
@@ -209,15 +200,18 @@ def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str]
         name = _run_name(ctx.profile, run_name, config_hash)
         sequence = _stage_sequence(stages, cfg)
         base = base_model_task(home_str, cfg.model_dump(), ctx.profile.raw("model"), ctx.profile.core.seed)
-        data_refs = build_data_task(home_str, cfg.model_dump(), base)
+        tables = list(dict.fromkeys(train_stage(s).table for s in sequence))
+        data_refs = build_data_task(home_str, cfg.model_dump(), base, tables)
         for ref in data_refs.values():
-            parsed = TableRef.parse(ref)
-            tracking.log_table(TableRef(parsed.name, parsed.snapshot, *_ref_meta(wh, parsed)), context="output")
+            tracking.log_table(ref, context="output")
         results: dict[str, dict] = {}
         recalibrations: list[dict] = []
-        init_model = _previous_model(wh, name, sequence[0], base) if sequence else base
+        final_model = base
         for stage in sequence:
-            table = STAGE_TABLE[stage]
+            # the model of the nearest stage it follows: trained just now, else earlier in this run
+            init_model = next((results[p]["path"] for p in earlier_stages(stage) if p in results), None) \
+                or _previous_model(wh, name, stage, base)
+            table = train_stage(stage).table
             if table not in data_refs:
                 raise ValueError(f"stage {stage}: the warehouse yielded no {table} rows "
                                  "(ingest, curate or synthesize data first)")
@@ -226,16 +220,18 @@ def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str]
                                    cfg.model_dump(), config_hash, ctx.run_id, resume)
             log.info("train %s: %s steps in %.1fs, final loss %s%s", stage, res.get("steps"), res.get("seconds", 0),
                      res.get("final_loss"), " (already done)" if res.get("skipped") else "")
-            if stage == "rl" and not res.get("skipped"):  # a reused stage's events were handled when it ran
-                recalibrations = handle_length_bias_events(res.get("length_bias_events") or [], cfg.rl.length_bias,
-                                                           ctx.profile.name, home_str)
+            # a reused stage's length-bias events were handled when it ran
+            if train_stage(stage).recipe == "rl" and not res.get("skipped"):
+                recalibrations = handle_length_bias_events(res.get("length_bias_events") or [],
+                                                           cfg.stage(stage).length_bias, ctx.profile.name, home_str)
             results[stage] = res
-            init_model = res["path"]
+            final_model = res["path"]
             report_progress(f"train.{stage}", "done")
         report_progress("train", "done")
-        return {"mlflow_run_id": ctx.run_id, "run_name": name, "base_model": base, "data": data_refs,
-                "stages": results, "final_model": init_model, "recalibrations": recalibrations,
-                "tables": {**data_refs, **({"models": str(wh.latest("models"))} if wh.exists("models") else {})}}
+        data = {table: str(ref) for table, ref in data_refs.items()}
+        return {"mlflow_run_id": ctx.run_id, "run_name": name, "base_model": base, "data": data,
+                "stages": results, "final_model": final_model, "recalibrations": recalibrations,
+                "tables": {**data, **({"models": str(wh.latest("models"))} if wh.exists("models") else {})}}
 
 
 @flow(name="train-stage", flow_run_name="{stage}")
@@ -243,23 +239,3 @@ def train_stage_flow(stage: str, profile: str = "tiny", home: str | None = None,
                      run_name: str | None = None) -> dict:
     """One stage on its own (it starts from this run's previous stage's model, else the base)."""
     return train_flow(profile=profile, home=home, stages=[stage], resume=resume, run_name=run_name)
-
-
-def sft_short(profile: str = "tiny", home: str | None = None, **kw) -> dict:
-    return train_stage_flow("sft_short", profile, home, **kw)
-
-
-def sft_long(profile: str = "tiny", home: str | None = None, **kw) -> dict:
-    return train_stage_flow("sft_long", profile, home, **kw)
-
-
-def dpo_short(profile: str = "tiny", home: str | None = None, **kw) -> dict:
-    return train_stage_flow("dpo_short", profile, home, **kw)
-
-
-def dpo_long(profile: str = "tiny", home: str | None = None, **kw) -> dict:
-    return train_stage_flow("dpo_long", profile, home, **kw)
-
-
-def rl(profile: str = "tiny", home: str | None = None, **kw) -> dict:
-    return train_stage_flow("rl", profile, home, **kw)

@@ -1,7 +1,7 @@
 """Kernels: lightning attention and the fused FP32 LM-head log-prob, each with a plain-torch
 reference beside it. Imports nothing of ours; Triton modules load lazily via ``dispatch``."""
 
-from .dispatch import lightning_attn, select_backend, token_logprobs
+from .dispatch import head_logprobs, lightning_attn, select_backend
 from .lightning_chunk import lightning_attn_chunk
 from .lightning_naive import lightning_attn_naive, lightning_attn_recurrent
 from .logprob_fused import token_logprobs_fused
@@ -13,7 +13,7 @@ __all__ = [
     "lightning_attn_naive",
     "lightning_attn_recurrent",
     "select_backend",
-    "token_logprobs",
+    "head_logprobs",
     "token_logprobs_fused",
     "token_logprobs_naive",
 ]

@@ -61,7 +61,7 @@ def lightning_attn(
     return lightning_attn_chunk(q, k, v, slope, initial_state, output_final_state, scale, chunk_size)
 
 
-def token_logprobs(
+def head_logprobs(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     labels: torch.Tensor,

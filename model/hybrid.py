@@ -4,7 +4,7 @@ Layer stack: lightning attention (linear attention with per-head exponential dec
 layers, softmax attention with GQA and partial RoPE every ``softmax_attention_every``-th
 layer; each followed by a dense SwiGLU or top-k MoE feed-forward. Pre-norm residuals.
 The LM head runs in FP32 (BF16 log-probs of rare tokens broke RL in MiniMax-M1), and
-``token_logprobs`` scores labels through the fused kernel without full-vocabulary logits.
+``fused_token_logprobs`` scores labels through the fused kernel without full-vocabulary logits.
 
 Decoding keeps one constant-size [B, H, K, V] fp32 state per lightning layer
 (``HybridCache``) and a growing KV cache only for the softmax layers.
@@ -22,7 +22,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionLayer
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast
 
-from kernels import lightning_attn, lightning_attn_recurrent, token_logprobs
+from kernels import head_logprobs, lightning_attn, lightning_attn_recurrent
 
 from .config import IGNORE_INDEX, LINEAR, HybridConfig, build_model_config
 
@@ -344,7 +344,7 @@ class FusedLogprobHead(nn.Linear):
         scoring 0."""
         if labels is None:
             return F.linear(hidden.float(), self.weight.float())
-        return token_logprobs(hidden, self.weight, labels, ignore_index)
+        return head_logprobs(hidden, self.weight, labels, ignore_index)
 
 
 # --------------------------------------------------------------------------- models
@@ -502,7 +502,7 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
             targets = targets.masked_fill(current == 0, IGNORE_INDEX)
         return targets
 
-    def token_logprobs(
+    def fused_token_logprobs(
         self,
         input_ids: torch.LongTensor,
         attention_mask: torch.Tensor | None = None,

@@ -26,18 +26,6 @@ from model.config import IGNORE_INDEX
 
 log = logging.getLogger("posttrain.losses")
 
-# M1 section 3.1 / Appendix: AdamW with beta = (0.9, 0.95) and eps = 1e-15, because the
-# gradients of a large model span many orders of magnitude and late-training updates are tiny.
-M1_ADAM_BETAS = (0.9, 0.95)
-M1_ADAM_EPS = 1e-15
-
-
-def build_adamw(params, lr: float, betas: tuple[float, float] = M1_ADAM_BETAS, eps: float = M1_ADAM_EPS,
-                weight_decay: float = 0.0) -> torch.optim.AdamW:
-    """The M1 optimizer: a plain torch AdamW (DeepSpeed accepts it with zero_allow_untested_optimizer)."""
-    return torch.optim.AdamW(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-
-
 # --------------------------------------------------------------------------- log-probs
 
 
@@ -55,13 +43,13 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     """(log-prob, entropy, auxiliary loss) of every next token, [B, T-1] each.
 
     ``logp[:, t]`` scores ``labels[:, t+1]`` (labels default to input_ids; -100 is ignored).
-    Models that expose ``token_logprobs`` (the in-house hybrid) go through the fused FP32
+    Models that expose ``fused_token_logprobs`` (the in-house hybrid) go through the fused FP32
     kernel that never builds full-vocabulary logits; any other causal LM through its logits.
     The auxiliary loss is the MoE balance loss already scaled by its coefficient (0 if none).
     """
     labels = input_ids if labels is None else labels
-    if hasattr(model, "token_logprobs"):
-        logp, entropy, aux = model.token_logprobs(input_ids, attention_mask, labels, with_aux=True)
+    if hasattr(model, "fused_token_logprobs"):
+        logp, entropy, aux = model.fused_token_logprobs(input_ids, attention_mask, labels, with_aux=True)
         return logp, entropy, aux * _aux_coefficient(model)
     out = model(input_ids=input_ids, attention_mask=attention_mask)
     targets = labels[:, 1:]
@@ -160,7 +148,7 @@ def _exact_prefix_cache(cache) -> str | None:
 def _forward_chunk(model, layout: PrefixLayout, cache, full_mask: torch.Tensor):
     """(log-prob, entropy, scaled aux) of every chunk position's next token, [B, C-1]."""
     positions = (full_mask.cumsum(-1) - 1).clamp(min=0)[:, -layout.chunk_ids.shape[1]:]
-    if hasattr(model, "token_logprobs"):  # the hybrid: fused FP32 head, balance loss over the prefix too
+    if hasattr(model, "fused_token_logprobs"):  # the hybrid: fused FP32 head, balance loss over the prefix too
         out = model(layout.chunk_ids, attention_mask=full_mask, position_ids=positions, cache=cache,
                     labels=layout.chunk_labels)
         return out.token_logprobs, out.entropy, out.aux_loss * _aux_coefficient(model)

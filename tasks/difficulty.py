@@ -280,9 +280,9 @@ def run_difficulty(
                 all_difficulty += d
                 all_decisions += x
         refs = {
-            "rollouts": wh.write("rollouts", _frame(all_rollouts, "rollouts"), mode="append", parents=inputs),
-            "difficulty": wh.write("difficulty", _frame(all_difficulty, "difficulty"), mode="append", parents=inputs),
-            "decisions": wh.write("decisions", _frame(all_decisions, "decisions"), mode="append", parents=inputs),
+            "rollouts": wh.append("rollouts", _frame(all_rollouts, "rollouts"), parents=inputs),
+            "difficulty": wh.append("difficulty", _frame(all_difficulty, "difficulty"), parents=inputs),
+            "decisions": wh.append("decisions", _frame(all_decisions, "decisions"), parents=inputs),
         }
         for ref in refs.values():
             log_table(ref, context="output")

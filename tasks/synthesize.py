@@ -175,15 +175,14 @@ def _write_synthesis(wh: Warehouse, results: list[dict[str, Any]], plan: list, c
     })
     calibrated = any(source == "calibrated" for _, _, source, _ in plan)
     parents = (calibration_ref,) if calibration_ref is not None and calibrated else ()
-    ref = wh.write(SYNTHETIC_TABLE, frame, mode="replace", parents=parents)
+    ref = wh.write(SYNTHETIC_TABLE, frame, parents=parents)
     duplicates = [{"row_id": d["row_id"], "stage": DEDUP_STAGE, "decision": "removed",
                    "reason": "duplicate-of", "reference_id": d["reference_id"], "score": None,
                    "run_id": run_id} for r in results for d in r["duplicates"]]
     if duplicates:
-        wh.write(DECISIONS_TABLE, pl.DataFrame(duplicates, schema={
+        wh.append(DECISIONS_TABLE, pl.DataFrame(duplicates, schema={
             "row_id": pl.Utf8, "stage": pl.Utf8, "decision": pl.Utf8, "reason": pl.Utf8,
-            "reference_id": pl.Utf8, "score": pl.Float64, "run_id": pl.Utf8}),
-            mode="append", parents=(ref,))
+            "reference_id": pl.Utf8, "score": pl.Float64, "run_id": pl.Utf8}), parents=(ref,))
     return ref
 
 
@@ -247,7 +246,7 @@ def run_calibration(wh: Warehouse, cfg: SynthesizeConfig, solver_base: Solver, s
         kept = wh.read(CALIBRATION_TABLE, previous.snapshot).filter(~pl.col("task").is_in(names))
         frame = pl.concat([kept.select(frame.columns), frame]).sort("task")
         parents = (previous,)
-    ref = wh.write(CALIBRATION_TABLE, frame, mode="replace", parents=parents)
+    ref = wh.write(CALIBRATION_TABLE, frame, parents=parents)
 
     with tracking.stage_run("calibrate", {"base_solver": base_name, "strong_solver": strong_name}):
         metrics: dict[str, float] = {"tasks": len(new_rows)}

@@ -133,6 +133,9 @@ def tracked_run(
         status = "FINISHED"
     finally:
         _current_run.reset(token)
+        # back to the parent run (not to what the variable held on entry: a sibling stage running
+        # in another thread may have set it meanwhile), and the store as it was
+        saved_env[RUN_ID_ENV] = parent
         for k, v in saved_env.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -26,11 +26,19 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+_TRACKING_ENV = ("MLFLOW_TRACKING_URI", "POSTTRAIN_MLFLOW_RUN_ID")
+
+
 @pytest.fixture(autouse=True)
-def _isolated_tracking(monkeypatch):
-    """No test inherits another's MLflow store or active run through the environment."""
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("POSTTRAIN_MLFLOW_RUN_ID", raising=False)
+def _isolated_tracking():
+    """No test inherits another's MLflow store or active run through the environment: cleared
+    before each test and again after it (``mlflow.set_tracking_uri`` exports the variable, and
+    a module-scoped fixture of the next file runs before this fixture does)."""
+    for name in _TRACKING_ENV:
+        os.environ.pop(name, None)
+    yield
+    for name in _TRACKING_ENV:
+        os.environ.pop(name, None)
 
 
 @pytest.fixture

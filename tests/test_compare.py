@@ -17,7 +17,7 @@ DECISION_SCHEMA = {"row_id": pl.Utf8, "stage": pl.Utf8, "decision": pl.Utf8, "re
 def removed(wh: Warehouse, stage: str, reason: str, count: int, run_id: str) -> None:
     rows = [{"row_id": f"{stage}-{reason}-{i}", "stage": stage, "decision": "removed", "reason": reason,
              "reference_id": "kept-row", "score": 1.0, "run_id": run_id} for i in range(count)]
-    wh.write("decisions", pl.DataFrame(rows, schema=DECISION_SCHEMA), mode="append")
+    wh.append("decisions", pl.DataFrame(rows, schema=DECISION_SCHEMA))
 
 
 def pipeline_run(wh: Warehouse, experiment: str, threshold: float, lr: float, rewards: list[float],

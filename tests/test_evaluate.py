@@ -109,8 +109,8 @@ def test_newest_models_row_is_the_default_model(tmp_path, tiny_model):
     wh = Warehouse(tmp_path)
     row = {"model_id": "run1/sft_short", "run_name": "run1", "stage": "sft_short", "path": str(tiny_model),
            "init_model": str(tiny_model), "profile": "tiny", "steps": 2, "data_snapshots": "[]", "config_hash": "x"}
-    wh.write("models", pl.DataFrame([row]), mode="append")
-    wh.write("models", pl.DataFrame([{**row, "model_id": "run1/rl", "stage": "rl"}]), mode="append")
+    wh.append("models", pl.DataFrame([row]))
+    wh.append("models", pl.DataFrame([{**row, "model_id": "run1/rl", "stage": "rl"}]))
     chosen = choose_model(wh)
     assert chosen == ModelChoice("run1/rl", str(tiny_model), "models table")
     assert choose_model(wh, str(tiny_model)).source == "argument"
@@ -210,8 +210,7 @@ def test_stage_ladder_is_the_newest_runs_models_from_base_to_rl(tmp_path, tiny_m
            "data_snapshots": "[]", "config_hash": "x"}
     for run in ("old", "new"):
         for stage in ("sft_short", "sft_long", "dpo_short", "dpo_long", "rl"):
-            wh.write("models", pl.DataFrame([{**row, "run_name": run, "model_id": f"{run}/{stage}", "stage": stage}]),
-                     mode="append")
+            wh.append("models", pl.DataFrame([{**row, "run_name": run, "model_id": f"{run}/{stage}", "stage": stage}]))
     ladder = stage_ladder(wh, ["base", "sft_long", "dpo_long", "rl"])
     assert [(c.stage, c.model_id) for c in ladder] == [
         ("base", "new/base"), ("sft_long", "new/sft_long"), ("dpo_long", "new/dpo_long"), ("rl", "new/rl")]

@@ -156,7 +156,7 @@ def test_pairs_skip_tasks_that_cannot_be_perturbed():
 def test_policy_judge_model_resolves_to_the_rl_start_model(wh):
     from tasks.genrm.models import resolve_rollout
     from tasks.rollout.config import RolloutConfig
-    from tasks.train.registry import POLICY_MODEL
+    from tasks.train.models import POLICY_MODEL
 
     rollout = RolloutConfig(backend="local", model=POLICY_MODEL)
     with pytest.raises(LookupError, match="policy"):

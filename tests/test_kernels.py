@@ -15,12 +15,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels import (  # noqa: E402
+    head_logprobs,
     lightning_attn,
     lightning_attn_chunk,
     lightning_attn_naive,
     lightning_attn_recurrent,
     select_backend,
-    token_logprobs,
     token_logprobs_fused,
     token_logprobs_naive,
 )
@@ -180,7 +180,7 @@ def test_triton_logprob_matches_reference(monkeypatch):
     got = run_logprob(module.token_logprobs_triton, hidden, weight, labels, g_logp, g_ent, blocks=(16, 32, 16))
     assert_all_close(got, ref)
     monkeypatch.setenv("POSTTRAIN_KERNEL_BACKEND", "triton")
-    via_dispatch = run_logprob(token_logprobs, hidden, weight, labels, g_logp, g_ent)
+    via_dispatch = run_logprob(head_logprobs, hidden, weight, labels, g_logp, g_ent)
     assert_all_close(via_dispatch, ref)
 
 

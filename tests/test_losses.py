@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from model import losses
+from model.optim import build_adamw
 
 
 def test_sft_token_vs_sample_normalization():
@@ -155,7 +156,7 @@ def test_on_policy_cispo_gradient_equals_reinforce():
 
 
 def test_build_adamw_defaults_are_m1():
-    opt = losses.build_adamw([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    opt = build_adamw([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
     group = opt.param_groups[0]
     assert group["betas"] == (0.9, 0.95) and group["eps"] == 1e-15
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from kernels import token_logprobs
+from kernels import head_logprobs
 
 import model
 from model import HybridCache, HybridConfig, build_tiny_model, lightning_slopes, train_tokenizer
@@ -125,7 +125,7 @@ def test_training_logprobs_match_step_by_step_decoding(trained):
     net, _, _ = trained
     ids = torch.tensor([[1, 40, 41, 42, 100, 120, 7, 9, 200, 201, 202, 55, 66, 77, 88, 99, 11, 12]])
     with torch.no_grad():
-        logp_train, entropy = net.token_logprobs(ids)
+        logp_train, entropy = net.fused_token_logprobs(ids)
         cache = HybridCache(net.config)
         decoded = []
         for t in range(ids.shape[1] - 1):
@@ -142,7 +142,7 @@ def test_training_logprobs_match_step_by_step_decoding(trained):
 def test_token_logprobs_agree_with_loss_and_backprop(trained, tokenizer):
     net, _, _ = trained
     batch = tokenizer(TEXTS[20:23], return_tensors="pt", padding=True)
-    logp, _, aux = net.token_logprobs(batch.input_ids, batch.attention_mask, with_aux=True)
+    logp, _, aux = net.fused_token_logprobs(batch.input_ids, batch.attention_mask, with_aux=True)
     out = net(**batch, labels=batch.input_ids)
     n_valid = batch.attention_mask[:, 1:].sum()
     expected = -logp.sum() / n_valid + net.config.router_aux_loss_coef * aux
@@ -163,7 +163,7 @@ def test_fp32_head_beats_bf16_on_rare_tokens():
     ref = torch.log_softmax(hidden.double() @ weight.double().T, -1)
     rare = ref.argmin(-1)  # least likely token per position
     ref_rare = ref.gather(-1, rare[:, None])[:, 0]
-    fp32_logp, _ = token_logprobs(hidden, weight, rare)
+    fp32_logp, _ = head_logprobs(hidden, weight, rare)
     bf16_logits = hidden.bfloat16() @ weight.bfloat16().T
     bf16_logp = torch.log_softmax(bf16_logits, -1).gather(-1, rare[:, None])[:, 0]
     fp32_err = (fp32_logp.double() - ref_rare).abs().mean().item()

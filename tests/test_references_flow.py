@@ -170,9 +170,7 @@ def test_current_references_takes_each_prompts_latest_run(wh):
     assert current_references(wh).height == 0
     base = {"source_table": "prompts", "prompt": "p", "n_candidates": 2, "rounds_played": 1,
             "decided_by": "points", "judge_model": "m", "candidate_source": "policy", "candidate_id": "policy:0"}
-    wh.write("references", pl.DataFrame([{**base, "prompt_id": "a", "run_id": "r1", "reference": "old"},
-                                         {**base, "prompt_id": "b", "run_id": "r1", "reference": "kept"}]),
-             mode="append")
-    wh.write("references", pl.DataFrame([{**base, "prompt_id": "a", "run_id": "r2", "reference": "new"}]),
-             mode="append")
+    wh.append("references", pl.DataFrame([{**base, "prompt_id": "a", "run_id": "r1", "reference": "old"},
+                                          {**base, "prompt_id": "b", "run_id": "r1", "reference": "kept"}]))
+    wh.append("references", pl.DataFrame([{**base, "prompt_id": "a", "run_id": "r2", "reference": "new"}]))
     assert current_references(wh).select("prompt_id", "reference").rows() == [("a", "new"), ("b", "kept")]

@@ -20,8 +20,9 @@ from model.hybrid import HybridForCausalLM
 from model.losses import group_advantages, policy_loss, token_logprobs
 from tasks.train.config import TrainConfig
 from tasks.train.data import pad_batch
+from tasks.train.harness import StageHarness, StageJob
 from tasks.train.rl import _minibatches, _update
-from tasks.train.runner import StageHarness, StageJob
+from warehouse import TableRef
 
 VOCAB, GROUPS, GROUP_SIZE, UPDATES, ACCUMULATION = 61, 6, 4, 2, 2
 EPS_HIGH = 0.02                         # small, so one step of lr 1e-2 moves ratios past it
@@ -60,7 +61,9 @@ def rl_harness(home, zero_stage: int, group_size: int = GROUP_SIZE) -> StageHarn
                       rl={"steps": 1, "prompts_per_step": GROUPS, "group_size": group_size,
                           "updates_per_batch": UPDATES, "loss": "cispo"})
     return StageHarness(StageJob(stage="rl", home=str(home), run_name="accumulation", profile="test",
-                                 init_model="(in memory)", data_ref="(in memory)", config=cfg.model_dump(),
+                                 # the update runs on tensors built here: no model path, no table read
+                                 init_model="(in memory)", data_ref=TableRef("rl_prompts", "unused"),
+                                 config=cfg.model_dump(),
                                  fingerprint="accumulation"))
 
 

@@ -28,7 +28,7 @@ from tasks.train.genrm_reward import (
     verifier_correct,
 )
 from tasks.train.rl import train_rl
-from tasks.train.runner import StageHarness, StageJob
+from tasks.train.harness import StageHarness, StageJob
 
 _ANSWERS = re.compile(r"\[Answer 1\]\n(.*?)\n\n\[Answer 2\]\n(.*?)\n\nDecide", re.DOTALL)
 
@@ -129,9 +129,9 @@ def test_position_bias_of_the_judge_becomes_a_tie():
 def test_references_table_rows_map_to_the_pool(wh):
     base = {"source_table": "prompts", "prompt": "p", "n_candidates": 2, "rounds_played": 1, "run_id": "r",
             "decided_by": "points", "judge_model": "m", "candidate_source": "policy", "candidate_id": "policy:0"}
-    wh.write("references", pl.DataFrame([{**base, "prompt_id": "i1", "reference": "old"},
-                                         {**base, "prompt_id": "x", "reference": "not in pool"}]), mode="append")
-    wh.write("references", pl.DataFrame([{**base, "prompt_id": "i1", "reference": "newest"}]), mode="append")
+    wh.append("references", pl.DataFrame([{**base, "prompt_id": "i1", "reference": "old"},
+                                          {**base, "prompt_id": "x", "reference": "not in pool"}]))
+    wh.append("references", pl.DataFrame([{**base, "prompt_id": "i1", "reference": "newest"}]))
     assert references_by_prompt(current_references(wh), {"i1", "m1"}) == {"i1": "newest"}
     with pytest.raises(ValueError, match="verdict_rewards"):
         GenRMRewardConfig(verdict_rewards={-1: 0.0, 1: 1.0})
@@ -167,10 +167,9 @@ def add_instruction_prompts(wh, rl_ref: str) -> str:
     name, snapshot = rl_ref.split("@")
     df = wh.read(name, snapshot)
     extra = [{"prompt_id": f"ins{i}", "source_table": "prompts", "domain": "instruction", "prompt": p,
-              "answer": None, "level": None, "selected_by": "prompts",
-              "row_json": json.dumps({"id": f"ins{i}", "prompt": p, "solution": s})}
+              "solution": s, "selected_by": "prompts"}
              for i, (p, s) in enumerate([("Describe tea.", "good tea"), ("Describe rain.", "good rain")])]
-    ref = wh.write(name, pl.concat([df, pl.DataFrame(extra).select(df.columns).cast(df.schema)]))
+    ref = wh.write(name, pl.concat([df, pl.DataFrame(extra)], how="diagonal_relaxed"))
     return str(ref)
 
 
@@ -212,11 +211,11 @@ def test_loop_rewards_instruction_prompts_with_the_judge_one_call_per_round(wh):
     assert scored > 0 and sum(r["genrm_judge_calls"] for r in curve) == len(backend.calls) <= len(curve)
     # both references contain "good": a response without it loses in both orders (0.0), one
     # with it ties (0.5) — the scripted verdicts came through the loop into the rollouts
-    judged = wh.read("rollouts").filter(pl.col("domain") == "instruction")
+    judged = wh.read("rl_rollouts").filter(pl.col("domain") == "instruction")
     assert judged.height == scored
     for text, reward in judged.select("text", "reward").iter_rows():
         assert reward == (0.5 if "good" in text or "garble" in text else 0.0), text
-    logic = wh.read("rollouts").filter(pl.col("domain") == "logic")
+    logic = wh.read("rl_rollouts").filter(pl.col("domain") == "logic")
     assert logic.height > 0 and set(logic["reward"]) <= {0.0, 1.0}   # verifier rewards
     # verifier errors are step metrics (to MLflow): the synthetic rows all verify
     assert all(r["verify_error_fraction"] == 0.0 and r.get("verify_errors.logic", 0.0) == 0.0 for r in curve)

@@ -4,7 +4,7 @@ from test_train_engine import seeded_sft_job
 
 from tasks.train.config import TrainConfig
 from tasks.train.rl import train_rl
-from tasks.train.runner import StageHarness, StageJob
+from tasks.train.harness import StageHarness, StageJob
 
 
 def first_token_reward(row, text, token_ids):
@@ -39,7 +39,7 @@ def test_cispo_raises_mean_reward_on_an_easy_reward(wh):
     # the schedule stepped up once its gates passed, lowering the clip threshold
     assert curve[-1]["window"] == 3 and curve[-1]["gradient_clipping"] == 0.8
     assert result["final_window"] == 3
-    rollouts = wh.read("rollouts")
+    rollouts = wh.read("rl_rollouts")
     assert rollouts.height == sum(int(r["groups_sampled"]) for r in curve) * 8
     assert set(rollouts["source_table"]) == {"rl_prompts"}
     assert isinstance(rollouts, pl.DataFrame)

@@ -68,9 +68,12 @@ def test_train_flow_runs_every_stage_with_child_runs_and_lineage(home, wh, monke
     lineage = {e["parent"].split("@")[0] for e in wh.lineage("models")}
     assert {"sft_data", "dpo_pairs", "rl_prompts", "synthetic_tasks"} <= lineage
     assert json.loads(models["data_snapshots"][0])[0].startswith("sft_data@")
-    # the RL stage's rollouts landed in the shared table
-    rollouts = wh.read("rollouts")
+    # the RL stage's rollouts landed in its own table, each with the policy version that sampled it
+    rollouts = wh.read("rl_rollouts")
     assert rollouts.height > 0 and set(rollouts["source_table"]) == {"rl_prompts"}
+    versions = rollouts.group_by("step").agg(pl.col("policy_version").first()).sort("step")["policy_version"]
+    assert versions[0] == 0 and versions.is_sorted() and versions[-1] > 0
+    assert not wh.exists("rollouts")   # nothing else sampled here
     assert synth.rows > 0
 
     # a second run retrains only from the first stage whose data changed; everything before

@@ -13,7 +13,8 @@ import torch
 
 from model.config import HybridConfig
 from model.hybrid import HybridForCausalLM
-from model.losses import build_adamw, sft_loss, token_logprobs
+from model.losses import sft_loss, token_logprobs
+from model.optim import build_adamw
 from tasks.train.config import EngineConfig
 from tasks.train.ds_config import deepspeed_config
 from tasks.train.engine import backward_and_step, init_single_rank, prepare_environment
@@ -80,8 +81,8 @@ def runs():
     probe = fixed_batches()[0]
     with torch.no_grad():
         before = {
-            "plain": plain.token_logprobs(probe["input_ids"], probe["attention_mask"], probe["labels"]),
-            "zero3": zero3.module.token_logprobs(probe["input_ids"], probe["attention_mask"], probe["labels"]),
+            "plain": plain.fused_token_logprobs(probe["input_ids"], probe["attention_mask"], probe["labels"]),
+            "zero3": zero3.module.fused_token_logprobs(probe["input_ids"], probe["attention_mask"], probe["labels"]),
             "plain_logits": plain(probe["input_ids"], attention_mask=probe["attention_mask"]).logits,
             "zero3_logits": zero3.module(probe["input_ids"], attention_mask=probe["attention_mask"]).logits,
         }

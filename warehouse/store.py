@@ -17,7 +17,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator, Literal, Sequence
@@ -127,6 +127,7 @@ class Warehouse:
 
     def _snapshot_row(self, name: str, snapshot: str | None) -> dict:
         validate_name(name)
+        _note_read(name)
         if snapshot is None:
             rows = self._rows("SELECT * FROM snapshots WHERE name = ? ORDER BY seq DESC LIMIT 1", [name])
             if not rows:
@@ -215,7 +216,9 @@ class Warehouse:
                 con.execute("ROLLBACK")
                 shutil.rmtree(final, ignore_errors=True)
                 raise
-        return TableRef(name, snapshot, rows, content_hash)
+        ref = TableRef(name, snapshot, rows, content_hash)
+        _note_write(ref)
+        return ref
 
     def append(self, name: str, df: pl.DataFrame, **kw) -> TableRef:
         return self.write(name, df, mode="append", **kw)
@@ -223,6 +226,7 @@ class Warehouse:
     # -- reading ------------------------------------------------------------------------
     def exists(self, name: str) -> bool:
         validate_name(name)
+        _note_read(name)   # asking is reading: the answer shapes what the caller does
         return bool(self._rows("SELECT 1 FROM snapshots WHERE name = ? LIMIT 1", [name]))
 
     def latest(self, name: str) -> TableRef | None:
@@ -354,3 +358,47 @@ def recording_flow_run(flow_run_id: str | None) -> Iterator[None]:
 
 def _current_flow_run_id() -> str | None:
     return _FLOW_RUN_ID.get()
+
+
+# Which tables a block of code consults and writes (``recording_tables``): every snapshot
+# lookup, read, scan or existence check notes the table's name and every write the snapshot
+# it made, so a builder can be held to the sources it declares and the pipeline can key a
+# stage's cache on what it actually read.
+@dataclass
+class TableUse:
+    read: set[str] = field(default_factory=set)
+    written: list[TableRef] = field(default_factory=list)
+
+    def merge(self, other: TableUse) -> None:
+        self.read |= other.read
+        self.written += other.written
+
+
+_USE: ContextVar[TableUse | None] = ContextVar("posttrain_table_use", default=None)
+
+
+@contextmanager
+def recording_tables() -> Iterator[TableUse]:
+    """The tables consulted and the snapshots written inside this block (threads started with
+    a copy of this context, as Prefect's task runners do, report to the same record)."""
+    outer = _USE.get()
+    use = TableUse()
+    token = _USE.set(use)
+    try:
+        yield use
+    finally:
+        _USE.reset(token)
+        if outer is not None:
+            outer.merge(use)
+
+
+def _note_read(name: str) -> None:
+    use = _USE.get()
+    if use is not None:
+        use.read.add(name)
+
+
+def _note_write(ref: TableRef) -> None:
+    use = _USE.get()
+    if use is not None:
+        use.written.append(ref)

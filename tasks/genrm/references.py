@@ -352,7 +352,7 @@ def run_references(wh: Warehouse, cfg: ReferencesConfig, judge_backend: Any,
     tables = sorted({p.source_table for p in open_prompts if p.source_table != USER_TABLE})
     report.inputs = [r for r in (wh.latest(t) for t in tables) if r is not None]
     for name in ("judgments", "swiss_matches", "tournaments", "references"):
-        report.refs[name] = wh.write(name, _frame(name, rows[name]), mode="append", parents=report.inputs)
+        report.refs[name] = wh.append(name, _frame(name, rows[name]), parents=report.inputs)
     report.references = len(rows["references"])
     return report
 

@@ -245,7 +245,7 @@ def build_judge_benchmark(wh: Warehouse, cfg: ReferencesConfig, labelled_files: 
     user_items, bad = labelled_file_items(list(cfg.validation.labelled_files) + list(labelled_files), run_id)
     items += user_items
     if bad:
-        wh.write("quarantine", pl.DataFrame(bad, schema=get_spec("quarantine").schema), mode="append")
+        wh.append("quarantine", pl.DataFrame(bad, schema=get_spec("quarantine").schema))
         log.warning("judge benchmark: %d labelled row(s) quarantined", len(bad))
     df = spec.conform(pl.DataFrame(items, schema=spec.schema)) if items else spec.empty()
     return wh.write("judge_benchmark", df.unique("item_id", keep="first", maintain_order=True),
@@ -410,7 +410,7 @@ def run_judge_validation(wh: Warehouse, cfg: ReferencesConfig, judge: GenRMJudge
     spec = get_spec("judgments")
     frame = spec.conform(pl.DataFrame(judgments, schema=spec.schema)) if judgments else spec.empty()
     refs = {"judge_benchmark": bench_ref,
-            "judgments": wh.write("judgments", frame, mode="append", parents=[bench_ref])}
+            "judgments": wh.append("judgments", frame, parents=[bench_ref])}
     return metrics, refs
 
 

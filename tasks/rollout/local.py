@@ -13,43 +13,11 @@ from pathlib import Path
 
 import torch
 
+from model.loading import load_causal_lm
 from tasks.rollout.base import Completion, SamplingParams
 from tasks.rollout.chat import render_with_tokenizer
 from tasks.rollout.config import LocalConfig
 from tasks.rollout.repetition import RepetitionTracker
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _register_inhouse_models() -> None:
-    """Importing ``model`` registers the in-house architecture with AutoModelForCausalLM."""
-    try:
-        import model  # noqa: F401
-    except ImportError:
-        pass
-
-
-def load_causal_lm(path: str | Path, dtype: str = "float32", device: str = "cpu"):
-    """Load (model, tokenizer) from a Hugging Face model directory or a .gguf file."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    _register_inhouse_models()
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"model path does not exist: {path}")
-    if path.is_file() and path.suffix == ".gguf":
-        # transformers dequantizes GGUF weights to full precision; the quantizer object it
-        # leaves behind only gets in the way of later save/generate calls.
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=_DTYPES[dtype]
-        )
-        model.hf_quantizer = None
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
-    return model.to(device).eval(), tokenizer
-
 
 def sample_next_token(
     logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator

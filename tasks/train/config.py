@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
+from data_specs.stages import STAGE_NAMES, TRAIN_STAGES, TrainStage, train_stage
 from tasks.genrm.config import JudgeConfig, LengthBiasConfig
 
-STAGE_ORDER = ("sft_short", "sft_long", "dpo_short", "dpo_long", "rl")
-StageName = Literal["sft_short", "sft_long", "dpo_short", "dpo_long", "rl"]
+STAGE_ORDER = STAGE_NAMES
+StageName = Literal[STAGE_NAMES]  # type: ignore[valid-type]  # the registry's names
 
 
 class _Strict(BaseModel):
@@ -199,24 +200,37 @@ class DataConfig(_Strict):
         JudgeConfig.model_fields["max_response_chars"].default, ge=100, description="text cut in the judge examples' prompts; match the judge's max_response_chars")
 
 
-class TrainConfig(_Strict):
+class _TrainSettings(_Strict):
+    """What all stages share; ``TrainConfig`` adds one block per registered stage."""
     seed: int = 0
     stages: list[StageName] = Field(default_factory=lambda: list(STAGE_ORDER))
     base_model: BaseModelConfig = Field(default_factory=BaseModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
-    sft_short: SFTStageConfig = Field(default_factory=lambda: SFTStageConfig(max_tokens=8192))
-    sft_long: SFTStageConfig = Field(default_factory=lambda: SFTStageConfig(min_tokens=8193, max_tokens=131072))
-    dpo_short: DPOStageConfig = Field(default_factory=lambda: DPOStageConfig(max_tokens=8192))
-    dpo_long: DPOStageConfig = Field(default_factory=lambda: DPOStageConfig(min_tokens=8193, max_tokens=131072))
-    rl: RLStageConfig = Field(default_factory=RLStageConfig)
     log_weights_max_mb: float = Field(64.0, ge=0, description="final weights up to this size are MLflow artifacts")
 
     def stage(self, name: str) -> StageCommon:
-        if name not in STAGE_ORDER:
-            raise ValueError(f"unknown training stage {name!r}; expected one of {STAGE_ORDER}")
+        train_stage(name)   # a clear error for an unknown name
         return getattr(self, name)
 
     def stage_lr(self, name: str) -> float:
         return self.stage(name).lr or self.optimizer.lr
+
+    def token_ranges(self, recipe: str) -> dict[str, tuple[int, int]]:
+        """Each of the recipe's stages -> its (min_tokens, max_tokens): how a builder splits rows."""
+        return {s.name: (self.stage(s.name).min_tokens, self.stage(s.name).max_tokens)
+                for s in TRAIN_STAGES if s.recipe == recipe}
+
+
+STAGE_CONFIG: dict[str, type[StageCommon]] = {"sft": SFTStageConfig, "dpo": DPOStageConfig, "rl": RLStageConfig}
+
+
+def _stage_block(stage: TrainStage):
+    cls = STAGE_CONFIG[stage.recipe]
+    return cls, Field(default_factory=lambda: cls(**stage.defaults), description=stage.description)
+
+
+# one block per stage of the registry (data_specs.stages), named like the stage
+TrainConfig = create_model("TrainConfig", __base__=_TrainSettings, __module__=__name__,
+                           **{s.name: _stage_block(s) for s in TRAIN_STAGES})

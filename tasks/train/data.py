@@ -17,18 +17,20 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import polars as pl
 import torch
 
 from data_specs import get_spec
+from data_specs.stages import TRAINING_TABLES, stages_reading
 from model.losses import IGNORE_INDEX
 from tasks.curate.split import POOL_TABLES
 from tasks.rollout.chat import render_with_tokenizer
 from tasks.train.config import TrainConfig
 from tasks.verify.registry import verify
-from warehouse import TableRef, Warehouse
+from warehouse import TableRef, Warehouse, recording_tables
 from warehouse.store import frame_digest
 
 
@@ -219,7 +221,7 @@ def _cap_per_stage(rows: list[dict], cap: int, report: BuildReport) -> list[dict
 def build_sft_data(wh: Warehouse, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
     """The ``sft_data`` frame: each example assigned to sft_short or sft_long by token length."""
     rows, refs = sft_source_rows(wh, cfg)
-    ranges = {s: (getattr(cfg, s).min_tokens, getattr(cfg, s).max_tokens) for s in ("sft_short", "sft_long")}
+    ranges = cfg.token_ranges("sft")
     report, out = BuildReport(seen=len(rows)), []
     for r in rows:
         if not r["prompt"].strip() or not r["response"].strip():
@@ -265,15 +267,9 @@ def _chosen_candidates(wh: Warehouse, prompts: dict[str, dict], refs: list[Table
 
 
 def _offline_rollouts(wh: Warehouse) -> tuple[pl.DataFrame, TableRef | None]:
-    """Rollouts sampled before training (difficulty filtering), not the RL stage's own.
-
-    DPO precedes RL in the recipe; leaving RL samples out also keeps the DPO data, and so a
-    re-run of an unchanged pipeline, stable.
-    """
-    rollouts, ref = _read(wh, "rollouts")
-    if ref is None:
-        return rollouts, None
-    return rollouts.filter(pl.col("source_table") != "rl_prompts"), ref
+    """Rollouts sampled outside training (``rollouts``; the RL stage keeps its own samples in
+    ``rl_rollouts``, which DPO never reads)."""
+    return _read(wh, "rollouts")
 
 
 def _rejected_candidates(wh: Warehouse) -> dict[str, str]:
@@ -312,7 +308,7 @@ def build_dpo_pairs(wh: Warehouse, cfg: TrainConfig, tokenizer) -> tuple[pl.Data
     prompts = side_rows(wh, "sft", cfg, refs)   # DPO trains on the SFT side only
     chosen = _chosen_candidates(wh, prompts, refs)
     rejected = _rejected_candidates(wh)
-    ranges = {s: (getattr(cfg, s).min_tokens, getattr(cfg, s).max_tokens) for s in ("dpo_short", "dpo_long")}
+    ranges = cfg.token_ranges("dpo")
     report, out = BuildReport(seen=len(chosen)), []
     for pid, (good, good_source) in chosen.items():
         row = prompts.get(pid)
@@ -347,11 +343,14 @@ def build_dpo_pairs(wh: Warehouse, cfg: TrainConfig, tokenizer) -> tuple[pl.Data
 # --------------------------------------------------------------------------- RL
 
 
+RL_VERIFIER_FIELDS = ("answer", "solution", "tests", "entry_point", "task", "level", "seed", "question",
+                      "metadata")
+
+
 def _rl_row(row: dict, table: str, selected_by: str) -> dict:
+    """The RL prompt with the fields its verifier (``verify(domain, row, response)``) reads."""
     return {"prompt_id": str(row["id"]), "source_table": table, "domain": row.get("domain") or "general",
-            "prompt": row["prompt"], "answer": row.get("answer"), "level": row.get("level"),
-            "row_json": json.dumps({k: v for k, v in row.items() if not k.startswith("_")}, default=str),
-            "selected_by": selected_by}
+            "prompt": row["prompt"], **{f: row.get(f) for f in RL_VERIFIER_FIELDS}, "selected_by": selected_by}
 
 
 def latest_difficulty_decisions(wh: Warehouse) -> tuple[dict[str, str], TableRef | None]:
@@ -387,28 +386,74 @@ def build_rl_prompts(wh: Warehouse, cfg: TrainConfig) -> tuple[pl.DataFrame, lis
     return (pl.DataFrame(rows) if rows else pl.DataFrame()), refs, report
 
 
-def write_if_changed(wh: Warehouse, name: str, frame: pl.DataFrame, parents: list[TableRef]) -> TableRef:
+def write_if_changed(wh: Warehouse, name: str, frame: pl.DataFrame, parents: list[TableRef],
+                     note: str | None = None) -> TableRef:
     """A new snapshot only when the content changed, so unchanged data keeps stages resumable."""
     spec = get_spec(name)
     valid = spec.validate(frame)[0] if spec else frame
     latest = wh.latest(name)
     if latest is not None and latest.content_hash == frame_digest(valid):
         return latest
-    return wh.write(name, frame, parents=_unique_refs(parents))
+    return wh.write(name, frame, parents=_unique_refs(parents), note=note)
 
 
-def write_training_tables(wh: Warehouse, cfg: TrainConfig,
-                          tokenizer) -> tuple[dict[str, TableRef], dict[str, BuildReport]]:
-    """Build sft_data, dpo_pairs and rl_prompts and write those that changed (parents: their sources)."""
+BUILDERS: dict[str, Callable[[Warehouse, TrainConfig, object], tuple[pl.DataFrame, list[TableRef], BuildReport]]] = {
+    "sft_data": build_sft_data,
+    "dpo_pairs": build_dpo_pairs,
+    "rl_prompts": lambda wh, cfg, tokenizer: build_rl_prompts(wh, cfg),
+}
+
+
+def build_key(wh: Warehouse, name: str, cfg: TrainConfig, tokenizer) -> str:
+    """What a training table is a function of: its sources' snapshots and the build settings."""
+    sources = {t: str(wh.latest(t)) for t in TRAINING_TABLES[name].sources}
+    stages = {s: cfg.stage(s).model_dump() for s in stages_reading(name)}
+    settings = {"data": cfg.data.model_dump(), "stages": stages, "seed": cfg.seed,
+                "tokenizer": [getattr(tokenizer, "name_or_path", None), len(tokenizer)]}
+    return _stable_id(json.dumps({"sources": sources, "settings": settings}, sort_keys=True, default=str))
+
+
+def build_table(wh: Warehouse, name: str, cfg: TrainConfig, tokenizer) -> tuple[TableRef | None, BuildReport | None]:
+    """Build one training table and write it if it changed; an up-to-date table is not rebuilt.
+
+    The builder may read only the sources the stage registry declares for the table (the
+    warehouse notes every table it consults): the pipeline keys its cache on them.
+    """
+    key = build_key(wh, name, cfg, tokenizer)
+    latest = wh.latest(name)
+    if latest is not None and _snapshot_note(wh, latest).get("build_key") == key:
+        return latest, None
+    with recording_tables() as use:
+        frame, parents, report = BUILDERS[name](wh, cfg, tokenizer)
+    undeclared = use.read - set(TRAINING_TABLES[name].sources)
+    if undeclared:
+        raise RuntimeError(f"the {name} builder read {sorted(undeclared)}, which data_specs/stages.py does not "
+                           f"declare among its sources {list(TRAINING_TABLES[name].sources)}")
+    if frame.is_empty():
+        return None, report
+    return write_if_changed(wh, name, frame, parents, note=json.dumps({"build_key": key})), report
+
+
+def _snapshot_note(wh: Warehouse, ref: TableRef) -> dict:
+    row = wh.history(ref.name).filter(pl.col("snapshot") == ref.snapshot)
+    note = row["note"][0] if row.height else None
+    try:
+        return json.loads(note) if note else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def write_training_tables(wh: Warehouse, cfg: TrainConfig, tokenizer, tables: Sequence[str] | None = None,
+                          ) -> tuple[dict[str, TableRef], dict[str, BuildReport]]:
+    """Build the named training tables (all by default) and write those that changed."""
     refs: dict[str, TableRef] = {}
     reports: dict[str, BuildReport] = {}
-    for name, builder in (("sft_data", lambda: build_sft_data(wh, cfg, tokenizer)),
-                          ("dpo_pairs", lambda: build_dpo_pairs(wh, cfg, tokenizer)),
-                          ("rl_prompts", lambda: build_rl_prompts(wh, cfg))):
-        frame, parents, report = builder()
-        reports[name] = report
-        if not frame.is_empty():
-            refs[name] = write_if_changed(wh, name, frame, parents)
+    for name in tables if tables is not None else TRAINING_TABLES:
+        ref, report = build_table(wh, name, cfg, tokenizer)
+        if report is not None:
+            reports[name] = report
+        if ref is not None:
+            refs[name] = ref
     return refs, reports
 
 

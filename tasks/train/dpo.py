@@ -14,8 +14,7 @@ import torch
 from model.losses import IGNORE_INDEX, dpo_loss, sequence_logprob, token_logprobs
 from tasks.train.data import batch_indices, encode_example, pad_batch, pad_id_of
 from tasks.train.engine import backward_and_step, current_lr
-from tasks.train.runner import StageHarness
-from tasks.train.sft import ids_digest
+from tasks.train.harness import StageHarness, ids_digest
 
 
 def _sequence_logps(model, encoded: list[tuple[list[int], int]], pad: int, max_tokens: int) -> torch.Tensor:

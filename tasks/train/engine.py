@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from model.losses import build_adamw
+from model.optim import build_adamw
 from tasks.train.config import EngineConfig, OptimizerConfig
 from tasks.train.ds_config import deepspeed_config
 

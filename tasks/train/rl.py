@@ -14,7 +14,6 @@ in the stage summary for the flow to act on.
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 
@@ -42,7 +41,7 @@ from tasks.train.data import encode_prompt, pad_batch, pad_id_of, prompt_text
 from tasks.train.engine import backward_and_step, current_lr, set_gradient_clipping
 from tasks.train.genrm_reward import DomainReward, RewardCounters, RewardFn, references_by_prompt
 from tasks.train.length_schedule import LengthSchedule
-from tasks.train.runner import StageHarness
+from tasks.train.harness import StageHarness
 from warehouse import Warehouse
 
 JudgeFactory = Callable[[], RolloutBackend]
@@ -272,7 +271,7 @@ def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, ep
     return sums
 
 
-def _rollout_rows(h: StageHarness, step: int, seen: list, model_name: str) -> list[dict]:
+def _rollout_rows(h: StageHarness, step: int, seen: list, model_name: str, policy_version: int) -> list[dict]:
     cfg = h.stage_cfg
     out = []
     for row, completions, scored, round_ in seen:
@@ -285,16 +284,18 @@ def _rollout_rows(h: StageHarness, step: int, seen: list, model_name: str) -> li
                 "logprob_sum": float(sum(lp)) if lp else None, "logprob_mean": float(sum(lp) / len(lp)) if lp else None,
                 "finish_reason": c.finish_reason, "truncated": c.truncated, "reward": float(sample.reward),
                 "backend": "local", "model": model_name, "temperature": cfg.temperature, "top_p": cfg.top_p,
-                "seed": h.cfg.seed, "run_id": h.job.mlflow_run_id})
+                "seed": h.cfg.seed, "run_id": h.job.mlflow_run_id, "train_run": h.job.run_name, "step": step,
+                "policy_version": policy_version})
     return out
 
 
 def _store_rollouts(h: StageHarness, rows: list[dict], reward: DomainReward) -> None:
-    """Append the pending rollouts and the judge outputs that scored them (then forget both)."""
+    """Append the pending rollouts (to the stage's own ``rl_rollouts``) and the judge outputs
+    that scored them (then forget both)."""
     if h.is_rank0:
         wh = Warehouse(h.job.home)
         if rows:
-            wh.append("rollouts", pl.DataFrame(rows), parents=[h.job.data_ref])
+            wh.append("rl_rollouts", pl.DataFrame(rows), parents=[h.job.data_ref])
         if reward.judgments:
             wh.append("judgments", get_spec("judgments").conform(pl.DataFrame(reward.judgments)),
                       parents=[h.job.data_ref])
@@ -304,7 +305,7 @@ def _store_rollouts(h: StageHarness, rows: list[dict], reward: DomainReward) -> 
 def load_pool(h: StageHarness) -> list[dict]:
     pool = []
     for r in h.read_data().iter_rows(named=True):
-        pool.append({**r, "source_row": json.loads(r["row_json"])})
+        pool.append({**r, "source_row": {**r, "id": r["prompt_id"]}})   # what verify(domain, row, ...) reads
     return pool
 
 
@@ -357,8 +358,9 @@ def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: 
     pad, prompt_cache, pending, last = pad_id_of(tokenizer), {}, [], {}
     for step in range(start, cfg.steps):
         window = schedule.window
+        version = int(engine.global_steps)   # optimizer steps behind the weights that sample now
         kept, stats, seen = _sample_groups(h, backend, pool, curriculum, step, window.max_tokens, rewarder, tokenizer)
-        pending.extend(_rollout_rows(h, step, seen, h.job.init_model))
+        pending.extend(_rollout_rows(h, step, seen, h.job.init_model, version))
         metrics = {**stats, "window": float(window.max_tokens), "eps_high": window.eps_high,
                    "gradient_clipping": window.gradient_clipping, "curriculum_phase": float(curriculum.phase_index(step)),
                    "lr": current_lr(engine)}

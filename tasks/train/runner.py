@@ -1,183 +1,28 @@
-"""What every stage shares: the job description, the policy, the engine, resume, logging.
+"""Running a stage: in this process for one rank, or through the launcher for several.
 
-A ``StageJob`` is plain JSON, so the same stage code runs in this process (one rank) or
-in launcher-started ranks (``launcher_entry.py --job job.json``). Rank 0 writes the step
-log, MLflow metrics, plots and the final Hugging Face model.
+The stage's recipe comes from the stage registry (``data_specs.stages``); the recipe
+modules import the harness, never this module, so nothing imports back in a circle.
 """
 from __future__ import annotations
 
-import json
-import os
-import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+import importlib
 
-import polars as pl
-
-from tasks import tracking
+from data_specs.stages import train_stage
 from tasks.train import checkpoint
-from tasks.train.config import EngineConfig, TrainConfig
-from tasks.train.engine import barrier, create_engine, rank, run_launcher, world_size
-from warehouse import TableRef, Warehouse
+from tasks.train.config import EngineConfig
+from tasks.train.engine import run_launcher
+from tasks.train.harness import StageHarness, StageJob
 
+__all__ = ["RECIPES", "StageHarness", "StageJob", "execute_stage", "run_stage_here"]
 
-@dataclass
-class StageJob:
-    stage: str
-    home: str
-    run_name: str
-    profile: str
-    init_model: str
-    data_ref: str                      # "<table>@<snapshot>" the stage trains on
-    config: dict                       # TrainConfig.model_dump()
-    fingerprint: str                   # hash of config + inputs; a mismatch forbids resuming
-    mlflow_run_id: str | None = None
-    tracking_uri: str | None = None
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def train_config(self) -> TrainConfig:
-        return TrainConfig(**self.config)
-
-    @property
-    def stage_path(self) -> Path:
-        return checkpoint.stage_dir(Warehouse(self.home).checkpoints_dir, self.run_name, self.stage)
-
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=2, default=str))
-
-    @classmethod
-    def load(cls, path: Path) -> StageJob:
-        return cls(**json.loads(Path(path).read_text()))
-
-
-class StageHarness:
-    """One stage's shared machinery, for the rank running it."""
-
-    def __init__(self, job: StageJob):
-        self.job = job
-        self.cfg = job.train_config
-        self.stage_cfg = self.cfg.stage(job.stage)
-        self.path = job.stage_path
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.is_rank0 = rank() == 0
-        self.steps = checkpoint.StepLog(self.path, enabled=self.is_rank0)
-        self.history: list[dict] = []
-        self.started = time.time()
-        if job.tracking_uri:
-            os.environ[tracking.TRACKING_URI_ENV] = job.tracking_uri
-            tracking.configure(job.tracking_uri)
-
-    # -- inputs -------------------------------------------------------------------------
-    def load_policy(self):
-        from tasks.rollout.local import load_causal_lm
-
-        model, tokenizer = load_causal_lm(self.job.init_model, dtype="float32")
-        return model.train(), tokenizer
-
-    def read_data(self) -> pl.DataFrame:
-        ref = TableRef.parse(self.job.data_ref)
-        df = Warehouse(self.job.home).read(ref.name, ref.snapshot)
-        if "stage" in df.columns:
-            df = df.filter(pl.col("stage") == self.job.stage)
-        if df.is_empty():
-            raise ValueError(f"stage {self.job.stage}: no rows in {self.job.data_ref}")
-        return df
-
-    # -- engine and resume ----------------------------------------------------------------
-    def create_engine(self, model, gradient_clipping: float | None = None):
-        engine, ds_config = create_engine(model, self.cfg.engine, self.cfg.optimizer,
-                                          self.cfg.stage_lr(self.job.stage), self.stage_cfg.steps,
-                                          gradient_clipping)
-        if self.is_rank0:
-            (self.path / "ds_config.json").write_text(json.dumps(ds_config, indent=2))
-            if self.job.mlflow_run_id:
-                tracking.log_dict(ds_config, f"{self.job.stage}/ds_config.json", run_id=self.job.mlflow_run_id)
-        return engine
-
-    def resume(self, engine) -> tuple[int, dict]:
-        """(first step to run, client state) after loading the latest checkpoint, if any."""
-        state = checkpoint.load(engine, self.path)
-        if state is None:
-            if self.is_rank0:
-                self.steps.truncate_after(-1)
-            return 0, {}
-        step = int(state["step"])
-        self.history = self.steps.truncate_after(step - 1) if self.is_rank0 else []
-        return step, state
-
-    def global_batch(self) -> int:
-        e = self.cfg.engine
-        return e.micro_batch_size * e.gradient_accumulation_steps * world_size()
-
-    def rank_micro_batches(self, indices: list[int]) -> list[list[int]]:
-        """This rank's share of a step's examples, split into accumulation micro-batches."""
-        mine = indices[rank()::world_size()]
-        size = self.cfg.engine.micro_batch_size
-        return [mine[i:i + size] for i in range(0, len(mine), size)]
-
-    # -- per step -------------------------------------------------------------------------
-    def record(self, step: int, metrics: dict[str, float], **extra) -> None:
-        """Rank 0: the step log line and the MLflow metrics (``<stage>.<name>``)."""
-        if not self.is_rank0:
-            return
-        rec = {"step": step, **{k: float(v) for k, v in metrics.items()}, **extra}
-        self.steps.append(rec)
-        self.history.append(rec)
-        if self.job.mlflow_run_id and (step % self.stage_cfg.log_every == 0 or step + 1 == self.stage_cfg.steps):
-            tracking.log_counters(metrics, prefix=self.job.stage, step=step, run_id=self.job.mlflow_run_id)
-
-    def maybe_checkpoint(self, engine, step: int, client_state: dict | None = None) -> None:
-        """After ``step`` (0-based) completed: save when (step + 1) is a multiple of checkpoint_every."""
-        done = step + 1
-        if done % self.stage_cfg.checkpoint_every == 0 and done < self.stage_cfg.steps:
-            checkpoint.save(engine, self.path, done, client_state or {}, self.stage_cfg.keep_checkpoints,
-                            self.is_rank0)
-
-    # -- the end --------------------------------------------------------------------------
-    def finish(self, engine, tokenizer, summary: dict, curves: tuple[str, ...] = ("loss",)) -> dict:
-        out_dir = checkpoint.final_dir(self.path)
-        checkpoint.save_hf(engine, tokenizer, out_dir, self.cfg.engine.zero_stage, self.is_rank0)
-        result = {"stage": self.job.stage, "path": str(out_dir), "steps": self.stage_cfg.steps,
-                  "seconds": round(time.time() - self.started, 2), "world_size": world_size(), **summary}
-        if self.is_rank0:
-            if self.job.mlflow_run_id:
-                self._plot(curves)
-            checkpoint.mark_done(self.path, result)
-        barrier()
-        return result
-
-    def _plot(self, curves: tuple[str, ...]) -> None:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        records = self.steps.records()
-        present = [c for c in curves if any(c in r for r in records)]
-        if not present:
-            return
-        fig, axes = plt.subplots(1, len(present), figsize=(4.5 * len(present), 3.2), squeeze=False)
-        for ax, name in zip(axes[0], present):
-            pts = [(r["step"], r[name]) for r in records if name in r]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".")
-            ax.set_title(f"{self.job.stage} {name}")
-            ax.set_xlabel("step")
-        tracking.log_figure(fig, f"plots/{self.job.stage}_curves.png", run_id=self.job.mlflow_run_id)
+# recipe (data_specs.stages.TrainStage.recipe) -> "module:function" training one stage
+RECIPES = {"sft": "tasks.train.sft:train_sft", "dpo": "tasks.train.dpo:train_dpo", "rl": "tasks.train.rl:train_rl"}
 
 
 def run_stage_here(job: StageJob) -> dict:
     """Run the stage in this process as whatever rank the environment says (1 if none)."""
-    if job.stage.startswith("sft"):
-        from tasks.train.sft import train_sft
-        return train_sft(StageHarness(job))
-    if job.stage.startswith("dpo"):
-        from tasks.train.dpo import train_dpo
-        return train_dpo(StageHarness(job))
-    if job.stage == "rl":
-        from tasks.train.rl import train_rl
-        return train_rl(StageHarness(job))
-    raise ValueError(f"unknown stage {job.stage!r}")
+    module, _, function = RECIPES[train_stage(job.stage).recipe].partition(":")
+    return getattr(importlib.import_module(module), function)(StageHarness(job))
 
 
 def execute_stage(job: StageJob, engine_cfg: EngineConfig | None = None, timeout_s: float | None = None) -> dict:
@@ -188,7 +33,7 @@ def execute_stage(job: StageJob, engine_cfg: EngineConfig | None = None, timeout
     job.save(path / "job.json")
     if engine_cfg.launcher == "inprocess":
         return run_stage_here(job)
-    if job.stage == "rl" and engine_cfg.num_ranks > 1:
+    if train_stage(job.stage).recipe == "rl" and engine_cfg.num_ranks > 1:
         raise ValueError("the RL stage samples with the in-process policy: run it with one rank")
     log_path = path / "launcher.log"
     proc = run_launcher(engine_cfg, path / "job.json", log_path)

@@ -1,17 +1,10 @@
 """Supervised fine-tuning stage (short or long): masked next-token NLL on the response."""
 from __future__ import annotations
 
-import hashlib
-
 from model.losses import IGNORE_INDEX, sft_loss, token_logprobs
 from tasks.train.data import batch_indices, encode_example, pad_batch, pad_id_of
 from tasks.train.engine import backward_and_step, current_lr
-from tasks.train.runner import StageHarness
-
-
-def ids_digest(example_ids: list[str]) -> str:
-    """Short digest of the examples a step saw, to check the data order after a resume."""
-    return hashlib.sha256("|".join(example_ids).encode()).hexdigest()[:16]
+from tasks.train.harness import StageHarness, ids_digest
 
 
 def train_sft(h: StageHarness) -> dict:

@@ -1,4 +1,5 @@
-"""Registering a finished stage's model: a ``models`` row with lineage, and MLflow artifacts."""
+"""The ``models`` table: registering a finished stage's model (a row with lineage, and
+MLflow artifacts), and finding the model RL starts from."""
 from __future__ import annotations
 
 import json

@@ -1,0 +1,100 @@
+"""The training stages, declared once: what each trains on, what it starts from, what it writes.
+
+Every other place that needs a stage reads this registry: the ``stage`` columns of the
+training tables (``data_specs.training``), the profile's ``train`` section (one block per
+stage, ``tasks.train.config``), the data builders (which table, which token range), the
+runner (which recipe), the ``train`` flow and its per-stage entry points, the pipeline
+(cache inputs and ordering) and the CLI help. Adding a stage is one ``TrainStage`` here.
+
+A training table's ``sources`` are the tables its builder reads; the pipeline keys its
+cache on them and a test holds the builders to them (the warehouse records every read).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Recipe = Literal["sft", "dpo", "rl"]
+
+
+@dataclass(frozen=True)
+class TrainingTable:
+    name: str
+    sources: tuple[str, ...]      # every table its builder reads
+    description: str
+
+
+@dataclass(frozen=True)
+class TrainStage:
+    name: str
+    recipe: Recipe                # the training loop: tasks.train.<recipe>
+    table: str                    # the training table it reads (rows of this stage only)
+    follows: str | None           # the stage whose model it starts from (None: the base model)
+    writes: tuple[str, ...]       # tables it appends to besides its model directory
+    description: str
+    defaults: dict = field(default_factory=dict)   # the paper's values for this stage's profile block
+    after: tuple[str, ...] = ()   # pipeline stages (not training) whose output it also builds on
+
+
+TRAINING_TABLES: dict[str, TrainingTable] = {t.name: t for t in (
+    TrainingTable("sft_data", ("sft_pool", "synthetic_tasks"),
+                  "SFT examples from the SFT-side pool and synthetic instances with gold answers"),
+    TrainingTable("dpo_pairs", ("sft_pool", "synthetic_tasks", "references", "rollouts"),
+                  "chosen/rejected pairs on SFT-side prompts: verified rollouts, GenRM references, gold"),
+    TrainingTable("rl_prompts", ("rl_pool", "synthetic_tasks", "difficulty"),
+                  "RL-side prompts whose latest difficulty decision is keep"),
+)}
+
+_SHORT, _LONG = {"max_tokens": 8192}, {"min_tokens": 8193, "max_tokens": 131072}
+
+TRAIN_STAGES: tuple[TrainStage, ...] = (
+    TrainStage("sft_short", "sft", "sft_data", None, ("models",),
+               "SFT on examples up to the short length", _SHORT),
+    TrainStage("sft_long", "sft", "sft_data", "sft_short", ("models",),
+               "SFT on the long examples", _LONG),
+    TrainStage("dpo_short", "dpo", "dpo_pairs", "sft_long", ("models",),
+               "DPO on short pairs", _SHORT, after=("references",)),
+    TrainStage("dpo_long", "dpo", "dpo_pairs", "dpo_short", ("models",),
+               "DPO on long pairs", _LONG, after=("references",)),
+    TrainStage("rl", "rl", "rl_prompts", "dpo_long", ("models", "rl_rollouts", "judgments"),
+               "CISPO RL with staged output-length windows", after=("difficulty",)),
+)
+
+STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in TRAIN_STAGES)
+_BY_NAME = {s.name: s for s in TRAIN_STAGES}
+
+
+def train_stage(name: str) -> TrainStage:
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"unknown training stage {name!r}; expected one of {list(STAGE_NAMES)}") from None
+
+
+def stages_of(recipe: Recipe) -> tuple[str, ...]:
+    """The stages a recipe trains, in order (``stages_of("sft") == ("sft_short", "sft_long")``)."""
+    return tuple(s.name for s in TRAIN_STAGES if s.recipe == recipe)
+
+
+def stages_reading(table: str) -> tuple[str, ...]:
+    return tuple(s.name for s in TRAIN_STAGES if s.table == table)
+
+
+def earlier_stages(name: str) -> tuple[str, ...]:
+    """The chain of stages ``name`` builds on, nearest first (through ``follows``)."""
+    out, prev = [], train_stage(name).follows
+    while prev is not None:
+        out.append(prev)
+        prev = train_stage(prev).follows
+    return tuple(out)
+
+
+def _check() -> None:
+    for s in TRAIN_STAGES:
+        if s.table not in TRAINING_TABLES:
+            raise ValueError(f"stage {s.name}: table {s.table!r} is not a training table")
+        if s.follows is not None and STAGE_NAMES.index(s.follows) >= STAGE_NAMES.index(s.name):
+            raise ValueError(f"stage {s.name} follows {s.follows}, which is not declared before it")
+
+
+_check()

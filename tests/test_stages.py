@@ -1,0 +1,171 @@
+"""The stage registry reaches every consumer; the pipeline keys its cache on what stages read."""
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from data_specs import get_spec
+from data_specs.stages import STAGE_NAMES, TRAIN_STAGES, TRAINING_TABLES, earlier_stages, stages_reading
+
+
+def test_each_registered_stage_reaches_config_specs_runner_and_pipeline():
+    from flows.pipeline import STAGES
+    from tasks.train.config import STAGE_CONFIG, TrainConfig
+    from tasks.train.runner import RECIPES
+
+    cfg = TrainConfig()
+    for ts in TRAIN_STAGES:
+        assert isinstance(cfg.stage(ts.name), STAGE_CONFIG[ts.recipe])   # a profile block per stage
+        assert ts.recipe in RECIPES
+        assert ts.name in STAGES and (ts.follows is None or ts.follows in STAGES[ts.name].after)
+    # the stage columns of the training tables accept exactly the stages that read them
+    for table in ("sft_data", "dpo_pairs"):
+        column = next(c for c in get_spec(table).columns if c.name == "stage")
+        assert tuple(column.allowed) == stages_reading(table)
+    assert earlier_stages("rl") == ("dpo_long", "dpo_short", "sft_long", "sft_short")
+    # the pipeline runs every stage after all it depends on
+    order = list(STAGES)
+    assert all(order.index(dep) < order.index(name) for name, st in STAGES.items() for dep in st.after)
+    assert [s for s in order if s in STAGE_NAMES] == list(STAGE_NAMES)
+
+
+def test_dependency_order_refuses_cycles_and_unknown_stages():
+    from flows.pipeline import Stage, dependency_order
+
+    def run(profile, home):
+        return {}
+
+    a, b = Stage("a", run, after=("b",)), Stage("b", run, after=("a",))
+    with pytest.raises(ValueError, match="cycle"):
+        dependency_order([a, b])
+    with pytest.raises(ValueError, match="undeclared"):
+        dependency_order([Stage("c", run, after=("nowhere",))])
+    first, second = Stage("x", run, after=("y",)), Stage("y", run)
+    assert [s.name for s in dependency_order([first, second])] == ["y", "x"]
+
+
+class _Tokenizer:
+    name_or_path = "test-tokenizer"
+
+    def __len__(self) -> int:
+        return 100
+
+
+def _synthetic(wh, per_task: int = 6):
+    from tasks.synthesize import generate_task_instances
+
+    rows = generate_task_instances.fn("web_of_lies", [0], per_task, 0, 3, "configured")["rows"]
+    return wh.write("synthetic_tasks", pl.DataFrame(rows))
+
+
+def test_training_table_is_built_once_until_a_source_changes(wh):
+    from tasks.train.config import TrainConfig
+    from tasks.train.data import build_table
+
+    _synthetic(wh)
+    cfg = TrainConfig(data={"rl_requires_difficulty": False})
+    first, report = build_table(wh, "rl_prompts", cfg, _Tokenizer())
+    assert report is not None and first is not None and first.rows == report.kept > 0
+    again, report = build_table(wh, "rl_prompts", cfg, _Tokenizer())
+    assert report is None and again == first                    # up to date: not rebuilt
+    _synthetic(wh, per_task=8)                                  # a source changed
+    third, report = build_table(wh, "rl_prompts", cfg, _Tokenizer())
+    assert report is not None and third.snapshot != first.snapshot
+
+
+def test_a_builder_that_reads_an_undeclared_table_fails(wh, monkeypatch):
+    from tasks.train import data
+    from tasks.train.config import TrainConfig
+
+    _synthetic(wh)
+
+    def reads_prompts_too(wh_, cfg, tokenizer):
+        wh_.exists("prompts")
+        return data.build_rl_prompts(wh_, cfg)
+
+    monkeypatch.setitem(data.BUILDERS, "rl_prompts", reads_prompts_too)
+    with pytest.raises(RuntimeError, match=r"read \['prompts'\].*does not declare"):
+        data.build_table(wh, "rl_prompts", TrainConfig(data={"rl_requires_difficulty": False}), _Tokenizer())
+    assert "prompts" not in TRAINING_TABLES["rl_prompts"].sources
+
+
+def test_recording_tables_sees_reads_and_writes_of_prefect_tasks(wh):
+    from prefect import flow, task
+
+    from warehouse import recording_tables
+
+    wh.write("notes", pl.DataFrame({"x": [1]}))   # tables without a spec: any columns
+
+    @task
+    def copy():
+        return wh.write("copied", wh.read("notes"))
+
+    @flow
+    def two_tasks():
+        return copy.submit().result()
+
+    with recording_tables() as use:
+        ref = two_tasks()
+    assert use.read == {"notes"} and use.written == [ref]
+
+
+def _stage_run(wh, stage: str, inputs: list[str], outputs: dict[str, list[str]]) -> None:
+    wh.append("stage_runs", pl.DataFrame([{
+        "stage": stage, "cache_key": "k", "inputs": json.dumps(inputs), "outputs": json.dumps(outputs),
+        "config_hash": "c", "mlflow_run_id": None, "summary": "{}", "seconds": 0.0}]))
+
+
+def test_a_read_table_counts_as_changed_only_when_an_earlier_stage_or_new_data_rewrote_it(wh):
+    from flows.pipeline import changed_reads, last_stage_run
+
+    pool = wh.write("pool", pl.DataFrame({"x": [1]}))
+    _stage_run(wh, "dpo_short", ["pool@" + pool.snapshot, "samples@none"], {"models": ["models@m1"]})
+    previous = last_stage_run(wh, "dpo_short")
+    assert changed_reads(wh, "dpo_short", previous) == []
+    # difficulty runs after DPO: the samples it appends (as its rollouts) do not make DPO run again
+    later = wh.write("samples", pl.DataFrame({"x": [1]}))
+    _stage_run(wh, "difficulty", [], {"samples": [str(later)]})
+    assert changed_reads(wh, "dpo_short", previous) == []
+    # samples written outside the pipeline are new data for DPO's builder
+    wh.append("samples", pl.DataFrame({"x": [2]}))
+    assert changed_reads(wh, "dpo_short", previous) == ["samples"]
+    # and so is a pool a re-run of curate (an earlier stage) rewrote
+    _stage_run(wh, "difficulty", [], {"samples": [str(wh.latest("samples"))]})
+    assert changed_reads(wh, "dpo_short", previous) == []
+    newer_pool = wh.write("pool", pl.DataFrame({"x": [3]}))
+    _stage_run(wh, "curate", [], {"pool": [str(newer_pool)]})
+    assert changed_reads(wh, "dpo_short", previous) == ["pool"]
+
+
+def test_independent_stages_run_side_by_side_and_a_failure_stops_only_what_depends_on_it():
+    import threading
+
+    from prefect import flow, task
+
+    from flows.pipeline import Stage, run_graph
+
+    both_running = threading.Barrier(2, timeout=60)   # passes only if a and b run at the same time
+    ran = []
+
+    @task(task_run_name="{name}")
+    def stage(name: str) -> str:
+        ran.append(name)
+        if name in ("a", "b"):
+            both_running.wait()
+        if name == "c":
+            raise ValueError("boom")
+        return name
+
+    graph = {n: Stage(n, lambda profile, home: {}, after=deps)
+             for n, deps in [("a", ()), ("b", ()), ("c", ("a",)), ("d", ("c",)), ("e", ("b",))]}
+
+    @flow
+    def graph_flow():
+        return run_graph(graph, list(graph), lambda name, upstream: stage.submit(name, wait_for=upstream))
+
+    results, problems = graph_flow()
+    assert results == {"a": "a", "b": "b", "e": "e"}
+    assert problems["c"].startswith("failed: ValueError") and problems["d"] == "not run: c did not finish"
+    assert "d" not in ran
