@@ -115,7 +115,7 @@ def main() -> None:
     def update(prefix_shared: bool) -> float:
         cfg = RLStageConfig(group_size=args.group_size, prefix_shared=prefix_shared)
         start = time.perf_counter()
-        _minibatch_step(engine, cfg, tensors, [rows], old_logp, advantages, eps_high=0.2)
+        _minibatch_step(engine, cfg, tensors, rows, [rows], old_logp, advantages, eps_high=0.2)
         return time.perf_counter() - start
 
     times = {False: [], True: []}

@@ -48,7 +48,9 @@ RL_ROLLOUTS = register(TableSpec(
              Column("step", pl.Int64, required=True, check=lambda c: c >= 0, check_reason="negative_step"),
              Column("policy_version", pl.Int64, required=True, check=lambda c: c >= 0,
                     check_reason="negative_policy_version",
-                    description="optimizer steps the policy had taken when it sampled this row")],
+                    description="optimizer steps behind the weights that sampled this row"),
+             Column("staleness", pl.Int64, required=True, check=lambda c: c >= 0, check_reason="negative_staleness",
+                    description="optimizer steps the trainer was ahead of those weights when they sampled")],
 ))
 
 DIFFICULTY = register(TableSpec(

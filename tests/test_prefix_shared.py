@@ -169,7 +169,8 @@ def rl_step(prefix_shared: bool, tensors: dict, advantages: torch.Tensor) -> tup
     micro_batches = _micro_batches(list(range(advantages.numel())), 3)
     old_logp, saved = _behaviour_logprobs(engine.module, tensors, micro_batches, prefix_shared)
     old_logp = old_logp + 0.05 * torch.randn(old_logp.shape, generator=torch.Generator().manual_seed(2))
-    stats = _minibatch_step(engine, cfg, tensors, micro_batches, old_logp * tensors["mask"], advantages, 0.02)
+    stats = _minibatch_step(engine, cfg, tensors, list(range(advantages.numel())), micro_batches,
+                            old_logp * tensors["mask"], advantages, 0.02)
     return old_logp, stats, saved
 
 

@@ -33,6 +33,9 @@ class Completion:
     logprobs: list[float] | None = None
     # "stop" (EOS or stop string), "length" (max_tokens), "repetition" (early truncation)
     finish_reason: str = "stop"
+    # the version of the weights that sampled it, when the backend reports one (a trainer-fed
+    # ``serve-model`` engine: the optimizer steps behind those weights)
+    policy_version: int | None = None
 
     @property
     def truncated(self) -> bool:

@@ -88,6 +88,10 @@ class OpenAIBackend:
             raise OpenAIBackendError(
                 f"server returned {len(choices)} choices for {len(prompts)} prompt(s) x n={params.n}")
         completions = [self._completion(c, params) for c in choices]
+        version = payload.get("policy_version")   # posttrain serve-model's extension
+        if version is not None:
+            for c in completions:
+                c.policy_version = int(version)
         return [completions[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
     def _completion(self, choice: dict, params: SamplingParams) -> Completion:

@@ -126,6 +126,24 @@ class GenRMRewardConfig(_Strict):
         return self
 
 
+class RolloutEngineConfig(_Strict):
+    """Who samples the RL stage's rollouts. ``inprocess``: the training module itself (always
+    the current weights). ``serve-model``: a separate ``posttrain serve-model`` process fed the
+    trainer's weights (saved as a Hugging Face directory, then loaded by POST /v1/weights)."""
+    kind: Literal["inprocess", "serve-model"] = "inprocess"
+    max_staleness: int = Field(
+        0, ge=0, description="optimizer steps the engine's weights may lag the trainer's when it samples; "
+                             "0 pushes the weights before every sampling round that would otherwise be stale")
+    device: str = Field("cpu", description="where the engine samples (cuda on a GPU machine)")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    threads: int | None = Field(1, ge=1, description="torch threads of the engine process")
+    batch_size: int = Field(64, ge=1, description="sequences the engine samples together")
+    concurrency: int = Field(4, ge=1, description="requests in flight to the engine")
+    prompts_per_request: int = Field(8, ge=1)
+    startup_timeout_s: float = Field(180.0, gt=0)
+    restarts: int = Field(1, ge=0, description="times a dead engine is restarted (with the current weights) in a stage")
+
+
 class RLStageConfig(StageCommon):
     loss: Literal["cispo", "grpo", "dapo"] = "cispo"
     cispo_variant: Literal["clip", "mask"] = "clip"
@@ -133,6 +151,7 @@ class RLStageConfig(StageCommon):
     group_size: int = Field(16, ge=2)
     # M1: several off-policy updates per generation batch; each minibatch is one optimizer step
     updates_per_batch: int = Field(16, ge=1)
+    rollout_engine: RolloutEngineConfig = Field(default_factory=RolloutEngineConfig)
     prefix_shared: bool = Field(True, description="encode each prompt once for its responses in a forward: same "
                                 "log-probs and gradients as re-encoding, fewer tokens (re-encodes where a model's cache can't)")
     eps_low: float = Field(1.0, gt=0, description="M1 imposes no lower bound in practice")

@@ -66,6 +66,26 @@ def barrier() -> None:
         torch.distributed.barrier()
 
 
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized() and world_size() > 1
+
+
+def broadcast_from_rank0(obj):
+    """Rank 0's ``obj`` on every rank (pickled; for a step's sampled batch, not for tensors)."""
+    if not _distributed():
+        return obj
+    box = [obj if rank() == 0 else None]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def sum_across_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """The elementwise sum of ``tensor`` over the ranks (in place; itself on one rank)."""
+    if _distributed():
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
+    return tensor
+
+
 def lr_lambda(optimizer_cfg: OptimizerConfig, total_steps: int):
     """Linear warm-up, then constant or cosine decay to min_lr_ratio."""
     warmup = optimizer_cfg.warmup_steps

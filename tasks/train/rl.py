@@ -34,14 +34,22 @@ from model.losses import (
 from tasks.genrm.length_bias import LengthBiasMonitor
 from tasks.genrm.references import current_references
 from tasks.rollout.base import RolloutBackend, SamplingParams
-from tasks.rollout.config import LocalConfig, RolloutConfig
-from tasks.rollout.local import LocalBackend
+from tasks.rollout.config import RolloutConfig
 from tasks.train.curriculum import Curriculum
 from tasks.train.data import encode_prompt, pad_batch, pad_id_of, prompt_text
-from tasks.train.engine import backward_and_step, current_lr, set_gradient_clipping
+from tasks.train.engine import (
+    backward_and_step,
+    broadcast_from_rank0,
+    current_lr,
+    rank,
+    set_gradient_clipping,
+    sum_across_ranks,
+    world_size,
+)
 from tasks.train.genrm_reward import DomainReward, RewardCounters, RewardFn, references_by_prompt
 from tasks.train.length_schedule import LengthSchedule
 from tasks.train.harness import StageHarness
+from tasks.train.rollout_engine import make_sampler
 from warehouse import Warehouse
 
 JudgeFactory = Callable[[], RolloutBackend]
@@ -72,7 +80,7 @@ class RolloutBatch:
         return len(self.rewards) // self.group_size
 
 
-def _sample_groups(h: StageHarness, backend: LocalBackend, pool: list[dict], curriculum: Curriculum,
+def _sample_groups(h: StageHarness, sampler, pool: list[dict], curriculum: Curriculum,
                    step: int, max_tokens: int, rewarder: DomainReward, tokenizer) -> tuple[RolloutBatch, dict, list]:
     """Sample until ``prompts_per_step`` informative groups are kept or the rounds run out.
 
@@ -94,8 +102,7 @@ def _sample_groups(h: StageHarness, backend: LocalBackend, pool: list[dict], cur
             seed=h.cfg.seed * 1_000_003 + step * 31 + round_,
             repetition_window=min(cfg.repetition_window, max_tokens) if cfg.repetition_window else None,
             repetition_prob=cfg.repetition_prob)
-        groups = backend.generate([prompt_text(tokenizer, r["prompt"]) for r in rows], params)
-        backend.model.train()  # the sampler switched the shared module to eval
+        groups = sampler.generate([prompt_text(tokenizer, r["prompt"]) for r in rows], params)
         scored_groups = rewarder.score(rows, groups, counters, step, round_)
         for row, completions, scored in zip(rows, groups, scored_groups):
             rewards = [s.reward for s in scored]
@@ -176,15 +183,19 @@ def _minibatches(num_groups: int, group_size: int, updates: int) -> list[list[in
 
 
 def _micro_batches(rows: list[int], accumulation: int) -> list[list[int]]:
-    """A minibatch in ``accumulation`` equal slices: DeepSpeed steps after exactly that many backwards."""
-    if len(rows) % accumulation:
+    """This rank's micro-batches of a minibatch: the minibatch in ``accumulation`` x ranks equal
+    slices, of which each rank takes ``accumulation`` consecutive ones; DeepSpeed steps after
+    exactly that many backwards on every rank."""
+    parts = accumulation * world_size()
+    if len(rows) % parts:
         raise ValueError(
             f"an RL update of {len(rows)} responses does not split into gradient_accumulation_steps="
-            f"{accumulation} micro-batches: each update must be exactly one optimizer step, so choose "
-            f"group_size (or prompts_per_step / updates_per_batch) to make every update's responses a "
-            f"multiple of the accumulation count")
-    size = len(rows) // accumulation
-    return [rows[i:i + size] for i in range(0, len(rows), size)]
+            f"{accumulation} x {world_size()} rank(s) = {parts} equal micro-batches: each update must be exactly "
+            f"one optimizer step, so choose group_size (or prompts_per_step / updates_per_batch) to make every "
+            f"update's responses a multiple of that")
+    size = len(rows) // parts
+    mine = rows[rank() * accumulation * size:(rank() + 1) * accumulation * size]
+    return [mine[i:i + size] for i in range(0, len(mine), size)]
 
 
 def _policy_logprobs(module, tensors: dict, rows: list[int], prefix_shared: bool) -> SharedLogprobs:
@@ -200,49 +211,54 @@ def _policy_logprobs(module, tensors: dict, rows: list[int], prefix_shared: bool
 def _behaviour_logprobs(module, tensors: dict, micro_batches: list[list[int]],
                         prefix_shared: bool) -> tuple[torch.Tensor, int]:
     """Log-probs of the sampling policy, in the training pass's micro-batches (its memory, its
-    shapes), and the prompt tokens sharing saved."""
+    shapes), and the prompt tokens sharing saved. Each rank scores its own micro-batches; the
+    sum over ranks fills in every row."""
     old, saved = torch.zeros_like(tensors["mask"]), 0
     with torch.no_grad():
         for rows in micro_batches:
             out = _policy_logprobs(module, tensors, rows, prefix_shared)
             old[torch.tensor(rows)] = out.logp
             saved += out.tokens_saved
-    return old, saved
+    return sum_across_ranks(old), saved
 
 
-def _minibatch_step(engine, cfg, tensors: dict, micro_batches: list[list[int]], old_logp: torch.Tensor,
-                    advantages: torch.Tensor, eps_high: float) -> dict:
-    """One optimizer step on a minibatch, its gradient accumulated over ``micro_batches``.
+def _minibatch_step(engine, cfg, tensors: dict, rows: list[int], micro_batches: list[list[int]],
+                    old_logp: torch.Tensor, advantages: torch.Tensor, eps_high: float) -> dict:
+    """One optimizer step on the minibatch ``rows``, its gradient accumulated over this rank's
+    ``micro_batches`` (and summed over the ranks').
 
     A micro-batch's loss is the minibatch's loss with the other rows' log-probs held at their
     behaviour values (constants): the normalizers (each group's token count, the number of
     groups, responses or tokens) stay the minibatch's even where a slice cuts a group, so the
-    micro gradients sum to the minibatch's gradient. Statistics are the minibatch's.
+    micro gradients of all ranks sum to the minibatch's gradient (scaled by the rank count,
+    which DeepSpeed's average over ranks divides out). Statistics are the minibatch's.
     """
-    idx = torch.tensor([r for rows in micro_batches for r in rows])
+    idx = torch.tensor(rows)
+    position = {row: i for i, row in enumerate(rows)}
     mask, old, adv = tensors["mask"][idx], old_logp[idx], advantages[idx]
 
     def loss_of(logp: torch.Tensor):
         return policy_loss(cfg.loss, logp, old, adv, mask, cfg.eps_low, eps_high,
                            group_size=cfg.group_size, cispo_variant=cfg.cispo_variant)
 
-    logp_seen, entropy_seen, norm, offset, saved = old.clone(), torch.zeros_like(old), None, 0, 0
-    for k, rows in enumerate(micro_batches):
-        at = torch.arange(offset, offset + len(rows))
-        offset += len(rows)
-        logp, entropy, aux, tokens_saved = _policy_logprobs(engine.module, tensors, rows, cfg.prefix_shared)
+    logp_change, entropy_seen, norm, saved = torch.zeros_like(old), torch.zeros_like(old), None, 0
+    for k, micro in enumerate(micro_batches):
+        at = torch.tensor([position[r] for r in micro])
+        logp, entropy, aux, tokens_saved = _policy_logprobs(engine.module, tensors, micro, cfg.prefix_shared)
         saved += tokens_saved
         loss, _ = loss_of(old.index_put((at,), logp))
         if k == len(micro_batches) - 1 and not engine.is_gradient_accumulation_boundary():
             raise RuntimeError(f"DeepSpeed's accumulation boundary is not at the end of this update "
                                f"(micro step {engine.micro_steps}, accumulation "
                                f"{engine.gradient_accumulation_steps()}): updates would mix minibatches")
-        # the balance loss is per forward: its mean over the micro-batches
-        norm = backward_and_step(engine, loss + aux / len(micro_batches), prescaled=True)
-        logp_seen[at], entropy_seen[at] = logp.detach(), entropy.detach()
+        # the balance loss is per forward: its mean over the micro-batches (and ranks)
+        norm = backward_and_step(engine, loss * world_size() + aux / len(micro_batches), prescaled=True)
+        logp_change[at], entropy_seen[at] = logp.detach() - old[at], entropy.detach()
+    logp_seen = old + sum_across_ranks(logp_change)
     loss, stats = loss_of(logp_seen)
-    stats.update(loss=loss.item(), entropy=masked_mean(entropy_seen, mask).item(),
-                 grad_norm=norm if norm is not None else 0.0, prefix_shared_tokens_saved=float(saved))
+    stats.update(loss=loss.item(), entropy=masked_mean(sum_across_ranks(entropy_seen), mask).item(),
+                 grad_norm=norm if norm is not None else 0.0,
+                 prefix_shared_tokens_saved=float(sum_across_ranks(torch.tensor(float(saved)))))
     return stats
 
 
@@ -252,15 +268,16 @@ def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, ep
     cfg = h.stage_cfg
     accumulation = engine.gradient_accumulation_steps()
     # split first: a minibatch the accumulation count does not divide fails before any step
-    plan = [_micro_batches(rows, accumulation)
+    plan = [(rows, _micro_batches(rows, accumulation))
             for rows in _minibatches(advantages.numel() // cfg.group_size, cfg.group_size, cfg.updates_per_batch)]
-    old_logp, saved = _behaviour_logprobs(engine.module, tensors, [rows for micro in plan for rows in micro],
+    old_logp, saved = _behaviour_logprobs(engine.module, tensors, [m for _, micro in plan for m in micro],
                                           cfg.prefix_shared)
+    saved = float(sum_across_ranks(torch.tensor(float(saved))))
     # M1 traced RL failures to a training/inference log-prob gap (LM head precision): keep it visible
     sums: dict[str, float] = {
         "train_infer_logprob_gap": masked_mean((old_logp - tensors["sampler_logp"]).abs(), tensors["mask"]).item()}
-    for micro_batches in plan:
-        stats = _minibatch_step(engine, cfg, tensors, micro_batches, old_logp, advantages, eps_high)
+    for rows, micro_batches in plan:
+        stats = _minibatch_step(engine, cfg, tensors, rows, micro_batches, old_logp, advantages, eps_high)
         saved += stats.pop("prefix_shared_tokens_saved")
         for k, v in stats.items():
             sums[k] = sums.get(k, 0.0) + v / len(plan)
@@ -271,7 +288,7 @@ def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, ep
     return sums
 
 
-def _rollout_rows(h: StageHarness, step: int, seen: list, model_name: str, policy_version: int) -> list[dict]:
+def _rollout_rows(h: StageHarness, step: int, seen: list, sampler) -> list[dict]:
     cfg = h.stage_cfg
     out = []
     for row, completions, scored, round_ in seen:
@@ -283,9 +300,9 @@ def _rollout_rows(h: StageHarness, step: int, seen: list, model_name: str, polic
                 "sample_index": i, "text": c.text, "token_ids": list(c.token_ids), "num_tokens": len(c.token_ids),
                 "logprob_sum": float(sum(lp)) if lp else None, "logprob_mean": float(sum(lp) / len(lp)) if lp else None,
                 "finish_reason": c.finish_reason, "truncated": c.truncated, "reward": float(sample.reward),
-                "backend": "local", "model": model_name, "temperature": cfg.temperature, "top_p": cfg.top_p,
+                "backend": sampler.name, "model": h.job.init_model, "temperature": cfg.temperature, "top_p": cfg.top_p,
                 "seed": h.cfg.seed, "run_id": h.job.mlflow_run_id, "train_run": h.job.run_name, "step": step,
-                "policy_version": policy_version})
+                "policy_version": c.policy_version, "staleness": sampler.trainer_version - c.policy_version})
     return out
 
 
@@ -351,17 +368,31 @@ def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: 
         monitor.load_state_dict(state["length_bias"])  # the statistic's window survives a resume
     else:
         monitor.step = start  # its step numbers follow the RL steps (1-based)
+    # in process: the sampler shares the engine's module, so it samples from the updated weights
+    # after every optimizer step; served: a rollout engine process gets the weights pushed
+    sampler = make_sampler(h, engine, tokenizer)
+    try:
+        return _train_loop(h, engine, tokenizer, sampler, pool, rewarder, curriculum, schedule, monitor, start)
+    finally:
+        sampler.close()
+
+
+def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, curriculum, schedule, monitor,
+                start: int) -> dict:
+    cfg = h.stage_cfg
     events: list[dict] = []
-    # the sampler shares the engine's module: after every optimizer step it samples from
-    # the updated weights, with no copy to keep in sync (ZeRO <= 2 keeps full weights per rank)
-    backend = LocalBackend(engine.module, tokenizer, LocalConfig(batch_size=cfg.prompts_per_step * cfg.group_size))
     pad, prompt_cache, pending, last = pad_id_of(tokenizer), {}, [], {}
     for step in range(start, cfg.steps):
         window = schedule.window
-        version = int(engine.global_steps)   # optimizer steps behind the weights that sample now
-        kept, stats, seen = _sample_groups(h, backend, pool, curriculum, step, window.max_tokens, rewarder, tokenizer)
-        pending.extend(_rollout_rows(h, step, seen, h.job.init_model, version))
+        staleness = sampler.prepare()   # optimizer steps the sampling weights lag the trainer's
+        # rank 0 samples and scores; every rank trains on its share of the same kept groups
+        kept, stats, seen = broadcast_from_rank0(
+            _sample_groups(h, sampler, pool, curriculum, step, window.max_tokens, rewarder, tokenizer)
+            if h.is_rank0 else None)
+        pending.extend(_rollout_rows(h, step, seen, sampler))
         metrics = {**stats, "window": float(window.max_tokens), "eps_high": window.eps_high,
+                   "policy_staleness": float(staleness), "engine_syncs": float(sampler.syncs),
+                   "engine_sync_seconds": sampler.sync_seconds,
                    "gradient_clipping": window.gradient_clipping, "curriculum_phase": float(curriculum.phase_index(step)),
                    "lr": current_lr(engine)}
         if kept.num_groups:

@@ -25,6 +25,17 @@ def run_stage_here(job: StageJob) -> dict:
     return getattr(importlib.import_module(module), function)(StageHarness(job))
 
 
+def _check_rl_ranks(job: StageJob, engine_cfg: EngineConfig) -> None:
+    """Several RL ranks: rank 0 samples and every rank trains on its share of the groups. With
+    the in-process sampler rank 0 samples with its own copy of the weights, which ZeRO-3 shards."""
+    if train_stage(job.stage).recipe != "rl" or engine_cfg.num_ranks == 1:
+        return
+    sampler = job.train_config.stage(job.stage).rollout_engine.kind
+    if sampler == "inprocess" and engine_cfg.zero_stage == 3:
+        raise ValueError(f"RL on {engine_cfg.num_ranks} ranks under ZeRO-3 needs a rollout engine "
+                         "(rl.rollout_engine.kind: serve-model): rank 0 cannot sample alone from sharded weights")
+
+
 def execute_stage(job: StageJob, engine_cfg: EngineConfig | None = None, timeout_s: float | None = None) -> dict:
     """Run a stage: in process for one rank, else through the launcher; return its summary."""
     engine_cfg = engine_cfg or job.train_config.engine
@@ -33,8 +44,7 @@ def execute_stage(job: StageJob, engine_cfg: EngineConfig | None = None, timeout
     job.save(path / "job.json")
     if engine_cfg.launcher == "inprocess":
         return run_stage_here(job)
-    if train_stage(job.stage).recipe == "rl" and engine_cfg.num_ranks > 1:
-        raise ValueError("the RL stage samples with the in-process policy: run it with one rank")
+    _check_rl_ranks(job, engine_cfg)
     log_path = path / "launcher.log"
     proc = run_launcher(engine_cfg, path / "job.json", log_path)
     rc = proc.wait(timeout=timeout_s)

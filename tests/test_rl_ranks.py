@@ -1,0 +1,142 @@
+"""RL on two DeepSpeed ranks (torchrun, gloo) beside a ``serve-model`` rollout engine: the same
+curve as one process, policy versions in every rollout, and a SIGKILLed rank recovered by
+resuming from the last checkpoint with the engine restarted on those weights."""
+import signal
+import time
+
+import polars as pl
+import psutil
+from test_rollout_engine import engine_config
+from test_train_engine import seeded_sft_job
+
+from data_specs.profile import load_profile
+from tasks.rollout.config import RolloutConfig
+from tasks.train import checkpoint
+from tasks.train.config import TrainConfig
+from tasks.train.engine import run_launcher
+from tasks.train.harness import StageJob
+from tasks.train.runner import execute_stage
+
+STEPS = 5
+
+
+def rl_job(wh, sft_job, name: str, ranks: int) -> StageJob:
+    cfg = engine_config()
+    cfg.rl.steps, cfg.rl.checkpoint_every = STEPS, 2
+    cfg.rl.rollout_engine.restarts = 0
+    # the same micro-batches either way: 2 ranks x 1, or 1 rank accumulating 2
+    cfg.engine.micro_batch_size = 4
+    if ranks == 1:
+        cfg.engine.gradient_accumulation_steps = 2
+    else:
+        cfg.engine.num_ranks, cfg.engine.launcher = ranks, "torchrun"
+    return StageJob(stage="rl", home=str(wh.home), run_name=name, profile="test", init_model=sft_job.init_model,
+                    data_ref=str(wh.latest("rl_prompts")), config=cfg.model_dump(), fingerprint=name)
+
+
+def _rank_process(launcher: psutil.Process, rank: str) -> psutil.Process | None:
+    for child in launcher.children(recursive=True):
+        try:
+            if "launcher_entry" in " ".join(child.cmdline()) and child.environ().get("RANK") == rank:
+                return child
+        except psutil.Error:
+            continue
+    return None
+
+
+def _kill_rank_after_checkpoint(job: StageJob) -> int:
+    """Start the ranks, SIGKILL rank 1 once a checkpoint and a step past it exist; the step reached."""
+    stage = job.stage_path
+    stage.mkdir(parents=True, exist_ok=True)
+    job.save(stage / "job.json")
+    proc = run_launcher(job.train_config.engine, stage / "job.json", stage / "launcher.log")
+    deadline = time.time() + 600
+    try:
+        while time.time() < deadline:
+            done = checkpoint.latest_step(stage)
+            if done is not None and len(checkpoint.StepLog(stage, enabled=False).records()) > done:
+                break
+            assert proc.poll() is None, (stage / "launcher.log").read_text()[-3000:]
+            time.sleep(0.1)
+        _rank_process(psutil.Process(proc.pid), "1").send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=120) != 0     # torchrun ends the stage when a rank dies
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return checkpoint.latest_step(stage)
+
+
+def _engine_processes() -> set[int]:
+    out = set()
+    for p in psutil.process_iter(["cmdline"]):
+        if "tasks.rollout.server" in " ".join(p.info["cmdline"] or []):
+            out.add(p.pid)
+    return out
+
+
+def test_two_rank_rl_with_an_engine_matches_one_process_and_survives_a_killed_rank(wh):
+    engines_before = _engine_processes()
+    sft_job = seeded_sft_job(wh, engine_config())
+    single = rl_job(wh, sft_job, "one-rank", 1)
+    execute_stage(single)
+    reference = checkpoint.StepLog(single.stage_path, enabled=False).records()
+
+    job = rl_job(wh, sft_job, "two-ranks", 2)
+    resumed_from = _kill_rank_after_checkpoint(job)
+    assert resumed_from is not None and resumed_from < STEPS and not checkpoint.is_done(job.stage_path)
+    result = execute_stage(job, timeout_s=600)        # resumed: engine restarted with the checkpoint's weights
+    assert result["world_size"] == 2
+    curve = checkpoint.StepLog(job.stage_path, enabled=False).records()
+    assert [r["step"] for r in curve] == list(range(STEPS))
+    for mine, theirs in zip(curve, reference):
+        assert mine["reward_mean"] == theirs["reward_mean"], (mine, theirs)
+        assert abs(mine["loss"] - theirs["loss"]) < 1e-4, (mine["step"], mine["loss"], theirs["loss"])
+        assert mine["policy_staleness"] == 0.0
+
+    rollouts = wh.read("rl_rollouts").filter(pl.col("train_run") == "two-ranks")
+    versions = rollouts.group_by("step").agg(pl.col("policy_version").unique()).sort("step")
+    assert versions["step"].to_list() == list(range(STEPS))          # each step stored once, by rank 0
+    assert versions["policy_version"].to_list() == [[2 * s] for s in range(STEPS)]
+    assert rollouts.height == STEPS * 16 and set(rollouts["staleness"]) == {0}
+    assert set(rollouts["backend"]) == {"serve-model"}
+    # no engine outlives its stage, not even the one whose rank 0 torchrun tore down
+    deadline = time.time() + 10
+    while _engine_processes() - engines_before and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _engine_processes() - engines_before
+
+
+def m1_scaled_down(sft_job) -> TrainConfig:
+    """The ``m1`` profile's RL stage in its shape (ZeRO-3 ranks through a launcher, a serve-model
+    engine fed every update, CISPO, staged windows, the GenRM on open prompts) at CPU scale:
+    2 ranks instead of 8, fp32 on CPU, the tiny model and judge, token windows / 4096."""
+    m1 = load_profile("m1").section("train", TrainConfig)
+    rl = m1.rl.model_copy(deep=True)
+    rl.steps, rl.checkpoint_every, rl.prompts_per_step, rl.group_size, rl.updates_per_batch = 3, 2, 4, 4, 2
+    rl.windows = [w.model_copy(update={"max_tokens": max(2, w.max_tokens // 4096 - 8)}) for w in rl.windows]
+    rl.gates = rl.gates.model_copy(update={"ppl_patience": 2, "min_steps_per_window": 1})
+    rl.curriculum = [rl.curriculum[0]]                     # its first phase (math, logic, code)
+    rl.genrm.judge.rollout = RolloutConfig(backend="local", model="tiny-llama", n=1, max_tokens=4,
+                                           repetition_window=None)
+    rl.repetition_window, rl.dynamic_sampling, rl.max_sampling_rounds = None, False, 1
+    rl.rollout_engine = rl.rollout_engine.model_copy(update={"device": "cpu", "dtype": "float32", "threads": 1,
+                                                              "batch_size": 64, "startup_timeout_s": 180})
+    engine = m1.engine.model_copy(update={"num_ranks": 2, "launcher": "torchrun", "accelerator": "cpu",
+                                          "precision": "fp32", "micro_batch_size": 4,
+                                          "gradient_accumulation_steps": 2, "threads_per_rank": 1})
+    assert engine.zero_stage == 3 and rl.loss == "cispo" and rl.rollout_engine.kind == "serve-model"
+    return TrainConfig(seed=0, base_model=sft_job.train_config.base_model, engine=engine, rl=rl,
+                       optimizer=m1.optimizer.model_copy(update={"lr": 1e-3}))
+
+
+def test_the_m1_rl_stage_runs_in_its_shape_scaled_down(wh):
+    sft_job = seeded_sft_job(wh, engine_config())
+    cfg = m1_scaled_down(sft_job)
+    job = StageJob(stage="rl", home=str(wh.home), run_name="m1-shape", profile="m1", init_model=sft_job.init_model,
+                   data_ref=str(wh.latest("rl_prompts")), config=cfg.model_dump(), fingerprint="m1-shape")
+    result = execute_stage(job, timeout_s=600)
+    assert result["world_size"] == 2 and checkpoint.is_done(job.stage_path)
+    curve = checkpoint.StepLog(job.stage_path, enabled=False).records()
+    assert [r["step"] for r in curve] == [0, 1, 2] and all(r["policy_staleness"] == 0.0 for r in curve)
+    rollouts = wh.read("rl_rollouts").filter(pl.col("train_run") == "m1-shape")
+    assert sorted(rollouts["policy_version"].unique()) == [0, 2, 4] and set(rollouts["backend"]) == {"serve-model"}
