@@ -89,3 +89,20 @@ def test_rl_samples_from_an_engine_fed_each_update_and_survives_its_death(wh):
     assert killed and info["pid"] != killed[0] and info["restarts"] == 1 and info["policy_version"] == 8
     with pytest.raises(ProcessLookupError):
         os.kill(info["pid"], 0)   # the stage stopped its engine
+
+
+def test_a_lagging_engine_is_bounded_and_its_own_logprobs_are_the_behaviour_policy(wh):
+    cfg = engine_config()
+    cfg.rl.rollout_engine.max_staleness = 2          # one RL step (2 optimizer steps) behind at most
+    sft_job = seeded_sft_job(wh, cfg)
+    job = StageJob(stage="rl", home=str(wh.home), run_name="stale", profile="test", init_model=sft_job.init_model,
+                   data_ref=str(wh.latest("rl_prompts")), config=cfg.model_dump(), fingerprint="stale")
+    train_rl(StageHarness(job), reward_fn=lambda row, text, ids: 1.0 if ids and ids[0] % 2 == 0 else 0.0)
+    curve = StageHarness(job).steps.records()
+    assert [r["policy_staleness"] for r in curve] == [0.0, 2.0, 0.0, 2.0, 0.0]   # pushed when it would exceed 2
+    rollouts = wh.read("rl_rollouts")
+    by_step = rollouts.group_by("step").agg(pl.col("staleness").first(), pl.col("policy_version").first()).sort("step")
+    assert by_step["staleness"].to_list() == [0, 2, 0, 2, 0]
+    assert by_step["policy_version"].to_list() == [0, 0, 4, 4, 8]
+    # on a stale step the first update's ratio is the current policy over the sampler's: not 1
+    assert all(abs(r["ratio_mean"] - 1.0) > 1e-4 for r in curve if r["policy_staleness"] > 0)

@@ -262,9 +262,16 @@ def _minibatch_step(engine, cfg, tensors: dict, rows: list[int], micro_batches: 
     return stats
 
 
-def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, eps_high: float) -> dict:
+def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, eps_high: float,
+            stale: bool = False) -> dict:
     """Behaviour log-probs, then ``updates_per_batch`` optimizer steps (each accumulated over
-    the engine's ``gradient_accumulation_steps`` micro-batches); averaged statistics."""
+    the engine's ``gradient_accumulation_steps`` micro-batches); averaged statistics.
+
+    The behaviour policy is the one that sampled: the trainer's own weights re-scored at
+    training precision when they sampled (M1's fix for the train/inference mismatch), but the
+    sampler's reported log-probs when the rollouts came from weights some updates behind
+    (``stale``), whose log-probs the trainer no longer has the weights to compute.
+    """
     cfg = h.stage_cfg
     accumulation = engine.gradient_accumulation_steps()
     # split first: a minibatch the accumulation count does not divide fails before any step
@@ -273,9 +280,12 @@ def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, ep
     old_logp, saved = _behaviour_logprobs(engine.module, tensors, [m for _, micro in plan for m in micro],
                                           cfg.prefix_shared)
     saved = float(sum_across_ranks(torch.tensor(float(saved))))
-    # M1 traced RL failures to a training/inference log-prob gap (LM head precision): keep it visible
+    # M1 traced RL failures to a training/inference log-prob gap (LM head precision): keep it
+    # visible (with stale rollouts it also holds the drift of the updates since they were sampled)
     sums: dict[str, float] = {
         "train_infer_logprob_gap": masked_mean((old_logp - tensors["sampler_logp"]).abs(), tensors["mask"]).item()}
+    if stale:
+        old_logp = tensors["sampler_logp"] * tensors["mask"]
     for rows, micro_batches in plan:
         stats = _minibatch_step(engine, cfg, tensors, rows, micro_batches, old_logp, advantages, eps_high)
         saved += stats.pop("prefix_shared_tokens_saved")
@@ -398,7 +408,7 @@ def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, cur
         if kept.num_groups:
             tensors = _training_tensors(kept, tokenizer, prompt_cache, pad)
             advantages = group_advantages(torch.tensor(kept.rewards), cfg.group_size)
-            metrics.update(_update(h, engine, tensors, advantages, window.eps_high))
+            metrics.update(_update(h, engine, tensors, advantages, window.eps_high, stale=staleness > 0))
         reading = schedule.observe(stats["generation_perplexity"], stats["response_length_p99"])
         metrics.update(gate_perplexity_converged=float(reading.perplexity_converged),
                        gate_length_near_window=float(reading.length_near_window))
