@@ -19,9 +19,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
 
+from data_specs import get_spec
 from tasks.curate.config import CurateConfig, DecontamConfig, SemanticConfig
 from tasks.curate.parallel import LocalMapper
-from tasks.curate.pipeline import Curation
+from tasks.curate.pipeline import CurationState, curate_blocks
 from tasks.curate.semantic import encode, load_model
 from tasks.ingest import RawRecord, store_records
 from warehouse import Warehouse
@@ -60,22 +61,26 @@ def main() -> None:
         store_records(wh, [RawRecord("bench", i + 1, data={"prompt": t, "answer": "1", "domain": "logic"})
                            for i, t in enumerate(texts)], "bench")
         cfg = CurateConfig(semantic=sem, decontam=DecontamConfig(embedding=False), chunk_rows=args.rows)
-        cur = Curation(wh, cfg, "bench", LocalMapper())
-        cur.filter(wh.read("prompts"))
-        cur.exact()
-        cur.minhash()
-        entering = [cur._prompt(int(n)) for n in cur._alive_new()]
+        blocks, _ = curate_blocks(wh, cfg, LocalMapper(), wh.read("benchmarks", default_empty=True),
+                                  wh.read("decontam_benchmarks", default_empty=True))
+        block = {b.name: b for b in blocks}
+        state = CurationState("bench", wh.read("prompts"), get_spec("sft_pool").empty(), cfg)
+        for name in ("filter", "exact", "minhash"):
+            state.apply(block[name].run(state.view()))
+        view = state.view()
+        set_aside = set(view.clusters.provisional_removals())
+        entering = [view.prompts[n] for n in view.unit_heads().tolist() if n not in set_aside]
 
         t0 = time.perf_counter()
         encode(entering, sem)
         bare = time.perf_counter() - t0
         t0 = time.perf_counter()
-        cur.semantic()
-        cur.settle_duplicates()   # the keep decision for every duplicate cluster is part of the stage's cost
+        state.apply(block["semantic"].run(state.view()))
+        state.apply(block["keep"].run(state.view()))   # the keep decision per duplicate cluster is part of the cost
         stage_s = time.perf_counter() - t0
-    stage = cur.stages["curate.semantic"]
+    stage = state.stages["curate.semantic"]
     print(f"rows={args.rows} entering semantic={stage.rows_in} removed={stage.removed_total} "
-          f"encoded={cur.embeddings.encoded['prompt']}")
+          f"encoded={state.counters['encoded']}")
     print(f"bare encode: {bare:.1f}s ({len(entering) / bare:.0f} rows/s)   semantic stage: {stage_s:.1f}s")
     print(f"ratio semantic_dedup/encode = {stage_s / bare:.3f}  (target <= 1.15)")
 

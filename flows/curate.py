@@ -14,8 +14,8 @@ from warehouse import Warehouse
 
 def prefect_step(name: str, fn):
     """One curate block as a Prefect task (``curate.filter``, ``curate.minhash``, ...): the run's
-    graph shows each block with its own state and duration. The blocks share the run's
-    in-memory state, so nothing is cached or persisted between them."""
+    graph shows each block with its own state and duration. Each block's result is applied
+    to the run's in-memory state, so nothing is cached or persisted between them."""
     return task(name=f"curate.{name}", cache_policy=NO_CACHE, persist_result=False)(fn)()
 
 

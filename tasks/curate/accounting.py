@@ -45,15 +45,12 @@ class DecisionLog:
         self.run_id = run_id
         self._rows: list[dict] = []
 
-    def removed(self, stage: str, row_id: str, reason: str, reference_id: str | None = None,
-                score: float | None = None) -> None:
-        self._rows.append({"row_id": row_id, "stage": stage, "decision": "removed", "reason": reason,
-                           "reference_id": reference_id, "score": None if score is None else float(score),
-                           "run_id": self.run_id})
-
-    def rewritten(self, stage: str, row_id: str, reason: str) -> None:
-        self._rows.append({"row_id": row_id, "stage": stage, "decision": "rewritten", "reason": reason,
-                           "reference_id": None, "score": None, "run_id": self.run_id})
+    def add(self, row_id: str, stage: str, reason: str, reference_id: str | None = None,
+            score: float | None = None, rewritten: bool = False) -> None:
+        """A removed row (with the kept row or benchmark item it matched), or a kept row a rule rewrote."""
+        self._rows.append({"row_id": row_id, "stage": stage, "decision": "rewritten" if rewritten else "removed",
+                           "reason": reason, "reference_id": reference_id,
+                           "score": None if score is None else float(score), "run_id": self.run_id})
 
     def frame(self) -> pl.DataFrame:
         spec = get_spec("decisions")

@@ -18,10 +18,11 @@ the semantic stage encodes one unit per MinHash cluster (``provisional_removals`
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+import polars as pl
 
 from tasks.curate import keep_rule as kr
 from tasks.curate.accounting import StageCount
@@ -40,29 +41,85 @@ class Removal:
     score: float
 
 
-class DuplicateClusters:
-    """Units, links between them, and the keep decision. Nodes below ``n_old`` are kept pool rows."""
+class KeepRanking:
+    """The keep rule over this run's nodes: each new row's standing and every node's words.
 
-    def __init__(self, n_nodes: int, n_old: int, standing: Callable[[int], kr.Standing],
-                 words: Callable[[int], np.ndarray]):
-        self.n_old, self.standing, self.words = n_old, standing, words
+    Read-only for the blocks (it only memoizes word ids and edit distances).
+    """
+
+    def __init__(self, n_old: int, node_ids: list[str], prompts: list[str], new: pl.DataFrame):
+        self.n_old, self.node_ids, self.prompts = n_old, node_ids, prompts
+        self._verifiable = new["verifiable"].to_list() if new.height else []
+        self._priority = new["_priority"].to_list() if new.height else []
+        self._rewritten = [r is not None for r in new["rewritten"].to_list()] if new.height else []
+        self._words: dict[int, np.ndarray] = {}
+        self._vocab: dict[str, int] = {}
+        self._distances: dict[tuple[int, int], int] = {}
+
+    def words(self, node: int) -> np.ndarray:
+        """Words as written (case and punctuation kept) as vocabulary ids, for the edit distances."""
+        if node not in self._words:
+            words = (self.prompts[node] or "").split()
+            self._words[node] = np.array([self._vocab.setdefault(w, len(self._vocab)) for w in words], dtype=np.int64)
+        return self._words[node]
+
+    def standing(self, node: int) -> kr.Standing:
+        i = node - self.n_old
+        return kr.Standing(bool(self._verifiable[i]), int(self._priority[i]), self._rewritten[i],
+                           len(self.words(node)), self.node_ids[node])
+
+    def rank_rows(self, rows: list[int], context: list[int]) -> list[int]:
+        """Rows best first by the keep rule, their medoid costs taken against ``context`` rows."""
+        if len(rows) < 2:
+            return list(rows)
+        sample = kr.evenly(context)
+        costs = [sum(self._distance(r, c) for c in sample) for r in rows]
+        return kr.rank(rows, costs, {r: self.standing(r) for r in rows})
+
+    def _distance(self, a: int, b: int) -> int:
+        key = (min(a, b), max(a, b))
+        if key not in self._distances:
+            self._distances[key] = 0 if a == b else kr.capped_distance(self.words(a), self.words(b))
+        return self._distances[key]
+
+
+class DuplicateClusters:
+    """Units, links between them, and the keep decision. Nodes below ``n_old`` are kept pool rows.
+
+    The curate runner adds every block's links (``add``); blocks only query.
+    """
+
+    def __init__(self, n_nodes: int, ranking: KeepRanking):
+        self.n_old, self.ranking = ranking.n_old, ranking
         self.unit = np.arange(n_nodes)
         self.rows_of: dict[int, list[int]] = {}                     # unit -> its rows, when not just itself
         self.links: dict[int, dict[int, tuple[int, float]]] = {}   # unit -> {unit: (stage, score)}
-        self._distances: dict[tuple[int, int], int] = {}           # decide() runs after MinHash and at the end
 
     # building
-    def join(self, unit: int, rows: list[int]) -> None:
-        """Rows with the normalized text of ``unit`` (a pool row, or the best of them) join it."""
-        if rows == [unit]:
+    def add(self, stage: int, pairs: np.ndarray, scores: np.ndarray) -> None:
+        """Exact pairs (row, unit) put the row in that unit; other pairs link the units of their rows."""
+        if stage != EXACT:
+            self._add_links(stage, pairs, scores)
             return
-        self.unit[rows] = unit
-        self.rows_of[unit] = sorted(set(self.rows(unit)) | set(rows))
+        joined: dict[int, list[int]] = {}
+        for row, unit in pairs.tolist():
+            joined.setdefault(unit, [unit]).append(row)
+        for unit, rows in joined.items():
+            self.unit[rows] = unit
+            self.rows_of[unit] = sorted(set(self.rows(unit)) | set(rows))
+
+    def with_links(self, stage: int, pairs: np.ndarray, scores: np.ndarray) -> DuplicateClusters:
+        """A copy with these links added (a block previewing what its links would join)."""
+        copy = DuplicateClusters(len(self.unit), self.ranking)
+        copy.unit, copy.rows_of = self.unit.copy(), dict(self.rows_of)
+        copy.links = {u: dict(nb) for u, nb in self.links.items()}
+        copy.add(stage, pairs, scores)
+        return copy
 
     def rows(self, unit: int) -> list[int]:
         return self.rows_of.get(unit, [unit])
 
-    def add_links(self, stage: int, pairs: np.ndarray, scores: np.ndarray) -> None:
+    def _add_links(self, stage: int, pairs: np.ndarray, scores: np.ndarray) -> None:
         for (a, b), score in zip(pairs.tolist(), scores.tolist()):
             a, b = int(self.unit[a]), int(self.unit[b])
             if a == b or (a < self.n_old and b < self.n_old):
@@ -87,20 +144,6 @@ class DuplicateClusters:
         return any(link[0] == stage for u in members for link in self.links.get(u, {}).values())
 
     # deciding
-    def rank_rows(self, rows: list[int], context: list[int]) -> list[int]:
-        """Rows best first by the keep rule, their medoid costs taken against ``context`` rows."""
-        if len(rows) < 2:
-            return list(rows)
-        sample = kr.evenly(context)
-        costs = [sum(self._distance(r, c) for c in sample) for r in rows]
-        return kr.rank(rows, costs, {r: self.standing(r) for r in rows})
-
-    def _distance(self, a: int, b: int) -> int:
-        key = (min(a, b), max(a, b))
-        if key not in self._distances:
-            self._distances[key] = 0 if a == b else kr.capped_distance(self.words(a), self.words(b))
-        return self._distances[key]
-
     def decide(self) -> tuple[dict[int, tuple[int, int, float]], dict[int, int]]:
         """({removed unit: (kept unit, stage, score)}, {new linked unit: its best row}), from the links so far.
 
@@ -111,7 +154,8 @@ class DuplicateClusters:
         best: dict[int, int] = {}
         for members in self.clusters():
             new = [u for u in members if u >= self.n_old]
-            ranked = self.rank_rows([r for u in new for r in self.rows(u)], [r for u in members for r in self.rows(u)])
+            ranked = self.ranking.rank_rows([r for u in new for r in self.rows(u)],
+                                            [r for u in members for r in self.rows(u)])
             units = []
             for row in ranked:
                 unit = int(self.unit[row])
