@@ -71,7 +71,30 @@ def heldout_pass1(model_path: str, home: Path) -> float:
     return statistics.mean(statistics.mean(v) for v in by_family.values())
 
 
-def rl_curve(home: Path, seed: int, loss: str, checkpoints: list[int]) -> list[tuple[int, float]]:
+def rl_overrides(pairs: list[str]) -> dict:
+    """``--rl updates_per_batch=8 --rl rollout_engine.max_staleness=4`` as a nested dict."""
+    import yaml
+
+    out: dict = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--rl {pair!r}: expected KEY=VALUE")
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return out
+
+
+def _merged(base: dict, extra: dict) -> dict:
+    return {k: _merged(base.get(k) or {}, v) if isinstance(v, dict) else v for k, v in extra.items()} | \
+        {k: v for k, v in base.items() if k not in extra}
+
+
+def rl_curve(home: Path, seed: int, loss: str, checkpoints: list[int],
+             overrides: dict | None = None) -> list[tuple[int, float]]:
     """Held-out pass@1 after each number of RL steps, from this seed's DPO model."""
     import polars as pl
 
@@ -89,7 +112,7 @@ def rl_curve(home: Path, seed: int, loss: str, checkpoints: list[int]) -> list[t
     base = load_profile("tiny").section("train", TrainConfig).model_dump()
     curve = []
     for steps in checkpoints:
-        cfg = TrainConfig(**{**base, "seed": seed,
+        cfg = TrainConfig(**{**base, "seed": seed, "rl": _merged(base["rl"], overrides or {}),
                              "optimizer": {**base["optimizer"], "schedule": "constant", "warmup_steps": 0}})
         cfg.rl.loss, cfg.rl.steps, cfg.rl.checkpoint_every = loss, steps, 10**6
         cfg.rl.eps_low = 0.2 if loss == "grpo" else 1.0
@@ -97,7 +120,10 @@ def rl_curve(home: Path, seed: int, loss: str, checkpoints: list[int]) -> list[t
                        init_model=init, data_ref=rl_ref, config=cfg.model_dump(), fingerprint=f"{loss}-{steps}")
         result = train_rl(StageHarness(job))
         curve.append((steps, heldout_pass1(result["path"], home)))
-        print(f"  seed {seed} {loss:5s} {steps:3d} steps: held-out pass@1 {curve[-1][1]:.3f}", flush=True)
+        records = [r for r in StageHarness(job).steps.records() if "clip_fraction" in r]
+        clipped = statistics.mean(r["clip_fraction"] for r in records) if records else float("nan")
+        print(f"  seed {seed} {loss:5s} {steps:3d} steps: held-out pass@1 {curve[-1][1]:.3f} "
+              f"(tokens clipped per update, mean {clipped:.4f})", flush=True)
     return curve
 
 
@@ -117,7 +143,11 @@ def main() -> None:
                     help="RL step counts at which held-out pass@1 is measured")
     ap.add_argument("--target", type=float, default=None,
                     help="held-out pass@1 to reach (default: DPO's mean + half of RL's mean gain)")
+    ap.add_argument("--rl", action="append", default=[], metavar="KEY=VALUE",
+                    help="RL settings for the CISPO/GRPO runs, e.g. updates_per_batch=8, lr=0.001, "
+                         "rollout_engine.kind=serve-model, rollout_engine.max_staleness=4")
     args = ap.parse_args()
+    overrides = rl_overrides(args.rl)
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
         home = Path(tmp)
         os.environ["POSTTRAIN_HOME"] = tmp
@@ -134,14 +164,15 @@ def main() -> None:
             print(f"{fam:34s}" + "".join(f"{fmt([lad[fam][s] for lad in ladders]):>18s}" for s in STAGES))
         pooled = {s: statistics.mean(lad["synthetic_heldout"][s] for lad in ladders) for s in STAGES}
         target = args.target if args.target is not None else pooled["dpo_long"] + (pooled["rl"] - pooled["dpo_long"]) / 2
-        print(f"\nCISPO vs GRPO: RL steps to held-out pass@1 >= {target:.3f} (checkpoints {args.checkpoints})")
+        print(f"\nCISPO vs GRPO: RL steps to held-out pass@1 >= {target:.3f} (checkpoints {args.checkpoints}, "
+              f"RL settings {overrides or 'as the profile'})")
         need: dict[str, list[int]] = {"cispo": [], "grpo": []}
         for seed in args.seeds:
             # each seed's DPO model and RL prompts: re-run its training so the warehouse holds them
             if seed != args.seeds[-1]:
                 run_seed(home, seed, first=False)
             for loss in ("cispo", "grpo"):
-                reached = steps_to(rl_curve(home, seed, loss, args.checkpoints), target)
+                reached = steps_to(rl_curve(home, seed, loss, args.checkpoints, overrides), target)
                 # not reached: counted as twice the last checkpoint (a lower bound on the cost)
                 need[loss].append(reached if reached is not None else 2 * args.checkpoints[-1])
         mean = {k: statistics.mean(v) for k, v in need.items()}
