@@ -48,7 +48,7 @@ def run_seed(home: Path, seed: int, first: bool) -> dict:
 
 def heldout_pass1(model_path: str, home: Path) -> float:
     """Mean held-out pass@1 over the tiny families (evaluate's items, sampling and verifiers)."""
-    from data_specs.profile import load_profile
+    from tasks.profile import load_profile
     from tasks.evaluate import (
         EvaluateConfig,
         evaluate_items,
@@ -98,7 +98,7 @@ def rl_curve(home: Path, seed: int, loss: str, checkpoints: list[int],
     """Held-out pass@1 after each number of RL steps, from this seed's DPO model."""
     import polars as pl
 
-    from data_specs.profile import load_profile
+    from tasks.profile import load_profile
     from tasks.train.config import TrainConfig
     from tasks.train.rl import train_rl
     from tasks.train.harness import StageHarness, StageJob

@@ -468,7 +468,7 @@ def ui(home: Optional[str] = HomeOpt, prefect_port: int = typer.Option(4200, "--
 @profile_app.command("show")
 def profile_show(name: str = typer.Argument("tiny")):
     """The merged settings of a profile (files plus environment overrides)."""
-    from data_specs.profile import load_profile
+    from tasks.profile import load_profile
     prof = load_profile(name)
     console.print_json(json.dumps({"profile": prof.name, "path": str(prof.path), "sections": prof.as_dict()}))
 
@@ -476,7 +476,7 @@ def profile_show(name: str = typer.Argument("tiny")):
 @profile_app.command("list")
 def profile_list():
     """Available profiles."""
-    from data_specs.profile import available_profiles
+    from tasks.profile import available_profiles
     for p in available_profiles():
         console.print(p)
 

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator
 
 from prefect import get_run_logger
 
-from data_specs.profile import Profile, load_profile
+from tasks.profile import Profile, load_profile
 from tasks import tracking
 from warehouse import TableRef, Warehouse, recording_flow_run
 

@@ -23,7 +23,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait as wait_for_futures
 
-from data_specs.profile import Profile, load_profile
+from tasks.profile import Profile, load_profile
 from data_specs.stages import STAGE_NAMES, TRAIN_STAGES, TrainStage, train_stage
 from flows.audit import audit_flow
 from flows.common import flow_context, flow_logger, report_progress

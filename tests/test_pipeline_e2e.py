@@ -27,7 +27,7 @@ def default_run(tmp_path_factory):
 
 
 def _families():
-    from data_specs.profile import load_profile
+    from tasks.profile import load_profile
     from tasks.evaluate import EvaluateConfig, synthetic_benchmark
 
     cfg = load_profile("tiny").section("evaluate", EvaluateConfig)

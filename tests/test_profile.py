@@ -1,7 +1,7 @@
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from data_specs.profile import ProfileError, available_profiles, env_overrides, load_profile
+from tasks.profile import ProfileError, available_profiles, env_overrides, load_profile
 
 
 class Demo(BaseModel):

@@ -9,7 +9,7 @@ import psutil
 from test_rollout_engine import engine_config
 from test_train_engine import seeded_sft_job
 
-from data_specs.profile import load_profile
+from tasks.profile import load_profile
 from tasks.rollout.config import RolloutConfig
 from tasks.train import checkpoint
 from tasks.train.config import TrainConfig

@@ -59,7 +59,7 @@ def test_ds_config_follows_the_profile():
 
 @pytest.mark.parametrize("profile", ["tiny", "gpu", "m1"])
 def test_every_profile_has_a_valid_train_section(profile):
-    from data_specs.profile import load_profile
+    from tasks.profile import load_profile
 
     cfg = load_profile(profile).section("train", TrainConfig)
     assert cfg.optimizer.betas == (0.9, 0.95) and cfg.optimizer.eps == 1e-15

@@ -143,19 +143,19 @@ class Warehouse:
         return TableRef(row["name"], row["snapshot"], int(row["rows"]), row["content_hash"])
 
     # -- writing ------------------------------------------------------------------------
-    def write(
-        self,
-        name: str,
-        df: pl.DataFrame,
-        mode: Literal["replace", "append"] = "replace",
-        parents: Sequence[TableRef | str] = (),
-        flow_run_id: str | None = None,
-        note: str | None = None,
-    ) -> TableRef:
-        """Write ``df`` as a new snapshot of ``name`` and return its reference."""
+    def write(self, name: str, df: pl.DataFrame, parents: Sequence[TableRef | str] = (),
+              flow_run_id: str | None = None, note: str | None = None) -> TableRef:
+        """``df`` as the new snapshot of ``name`` (replacing what the table held); its reference."""
+        return self._commit(name, df, "replace", parents, flow_run_id, note)
+
+    def append(self, name: str, df: pl.DataFrame, parents: Sequence[TableRef | str] = (),
+               flow_run_id: str | None = None, note: str | None = None) -> TableRef:
+        """A new snapshot of ``name``: its latest rows plus ``df`` (the old files are referenced, not copied)."""
+        return self._commit(name, df, "append", parents, flow_run_id, note)
+
+    def _commit(self, name: str, df: pl.DataFrame, mode: Literal["replace", "append"],
+                parents: Sequence[TableRef | str], flow_run_id: str | None, note: str | None) -> TableRef:
         validate_name(name)
-        if mode not in ("replace", "append"):
-            raise ValueError(f"mode must be 'replace' or 'append', not {mode!r}")
         spec = get_spec(name)
         if spec is not None:
             valid, rejected = spec.validate(df)
@@ -219,9 +219,6 @@ class Warehouse:
         ref = TableRef(name, snapshot, rows, content_hash)
         _note_write(ref)
         return ref
-
-    def append(self, name: str, df: pl.DataFrame, **kw) -> TableRef:
-        return self.write(name, df, mode="append", **kw)
 
     # -- reading ------------------------------------------------------------------------
     def exists(self, name: str) -> bool:

@@ -260,7 +260,7 @@ def _write(wh: Warehouse, state: CurationState, stores: list, split: SplitResult
                or any(not wh.exists(t) for t in POOL_TABLES.values()))
     if changed:   # pools before decisions: a crash in between only makes the next run redo removals
         for name, frame in state.pool_frames(split.pool, split.cluster, run_id).items():
-            refs[name] = wh.write(name, frame, mode="replace", parents=parents,
+            refs[name] = wh.write(name, frame, parents=parents,
                                   note=f"curate {run_id} {SETTINGS_NOTE}{settings}")
     else:
         refs.update({name: wh.latest(name) for name in POOL_TABLES.values()})
