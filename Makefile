@@ -39,7 +39,7 @@ run: $(STAMP)
 	$(BIN)/posttrain run --profile tiny
 
 test: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 ui: $(STAMP)
 	$(BIN)/posttrain ui
