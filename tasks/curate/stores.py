@@ -24,12 +24,29 @@ def encode_chunk(texts: list[str], cfg: SemanticConfig) -> np.ndarray:
     return encode(texts, cfg)
 
 
-class EmbeddingStore:
+class _PendingRows:
+    """Rows computed in this run, appended to ``table`` in one snapshot when the run writes."""
+    table: str
+
+    def __init__(self) -> None:
+        self.pending: list[pl.DataFrame] = []
+
+    def flush(self, wh: Warehouse, parents) -> TableRef | None:
+        if not self.pending:
+            return None
+        ref = wh.append(self.table, pl.concat(self.pending), parents=parents, note="curate")
+        self.pending = []
+        return ref
+
+
+class EmbeddingStore(_PendingRows):
     """Embeddings by (key, text hash) for one model."""
 
+    table = "embeddings"
+
     def __init__(self, wh: Warehouse, cfg: SemanticConfig, mapper, chunk_rows: int):
+        super().__init__()
         self.wh, self.cfg, self.mapper, self.chunk_rows = wh, cfg, mapper, chunk_rows
-        self.pending: list[pl.DataFrame] = []
 
     def _stored(self) -> list[pl.LazyFrame]:
         sources = [p.lazy() for p in self.pending]   # encoded earlier in this run, not yet written
@@ -65,21 +82,17 @@ class EmbeddingStore:
             return np.zeros((0, 0), np.float32)
         return np.concatenate(self.mapper.map(encode_chunk, chunked(texts, self.chunk_rows), cfg=self.cfg))
 
-    def flush(self, wh: Warehouse, parents) -> TableRef | None:
-        if not self.pending:
-            return None
-        ref = wh.append("embeddings", pl.concat(self.pending), parents=parents, note="curate")
-        self.pending = []
-        return ref
 
 
-class SignatureStore:
+class SignatureStore(_PendingRows):
     """MinHash signatures by (row id, text hash) for one set of MinHash parameters."""
 
+    table = "minhash_signatures"
+
     def __init__(self, wh: Warehouse, cfg: MinHashConfig, mapper, chunk_rows: int):
+        super().__init__()
         self.wh, self.cfg, self.mapper, self.chunk_rows = wh, cfg, mapper, chunk_rows
         self.params = mh.signature_params_key(cfg)
-        self.pending: list[pl.DataFrame] = []
 
     def signatures(self, ids: list[str], normalized: list[str], hashes: list[str]) -> tuple[np.ndarray, int]:
         """(len(ids) x num_perm signatures, how many of them were computed now)."""
@@ -103,9 +116,3 @@ class SignatureStore:
                 "signature": mh.signatures_to_bytes(sig[missing])}, schema=get_spec("minhash_signatures").schema))
         return sig, len(missing)
 
-    def flush(self, wh: Warehouse, parents) -> TableRef | None:
-        if not self.pending:
-            return None
-        ref = wh.append("minhash_signatures", pl.concat(self.pending), parents=parents, note="curate")
-        self.pending = []
-        return ref
