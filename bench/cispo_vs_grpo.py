@@ -42,7 +42,7 @@ def prepare(home: Path):
     from tasks.synthesize import generate_task_instances
     from tasks.train.base_model import prepare_base_model
     from tasks.train.config import TrainConfig
-    from tasks.train.data import build_rl_prompts
+    from tasks.train.data import Sources, build_rl_prompts
     from warehouse import Warehouse
 
     wh = Warehouse(home)
@@ -54,7 +54,7 @@ def prepare(home: Path):
     cfg = TrainConfig(base_model={"kind": "hybrid", "name": "bench-base", "tokenizer_texts": 200},
                       data={"rl_requires_difficulty": False})
     base = prepare_base_model(wh, cfg.base_model, MODEL)
-    frame, parents, _ = build_rl_prompts(wh, cfg)
+    frame, parents, _ = build_rl_prompts(Sources(wh, "rl_prompts"), cfg)
     ref = wh.write("rl_prompts", frame, parents=parents)
     return wh, str(base), str(ref)
 

@@ -23,6 +23,7 @@ from tasks.train.config import TrainConfig
 from tasks.train.data import (
     build_dpo_pairs,
     build_rl_prompts,
+    Sources,
     build_sft_data,
     write_training_tables,
 )
@@ -124,7 +125,7 @@ def test_the_latest_difficulty_decision_wins(built):
     rl = set(wh.read("rl_prompts")["prompt_id"])
     assert rl_side[-1] not in rl and rl_side[-2] not in rl      # kept in run-1, rejected in run-2
     assert set(rl_side[:-2]) <= rl
-    _, _, report = build_rl_prompts(wh, cfg)
+    _, _, report = build_rl_prompts(Sources(wh, "rl_prompts"), cfg)
     assert report.dropped == {"difficulty_too_easy": 1, "difficulty_unsolved": 1}
     assert report.seen == report.kept + sum(report.dropped.values())
 
@@ -135,9 +136,9 @@ def test_without_a_curated_pool_nothing_trains_from_raw_prompts(tmp_path):
     wh = Warehouse(tmp_path)
     store_records(wh, [RawRecord("t.jsonl", i + 1, data=r) for i, r in enumerate(PROMPTS)], "unit")
     cfg = train_config()
-    assert build_sft_data(wh, cfg, None)[0].is_empty()
-    assert build_dpo_pairs(wh, cfg, None)[0].is_empty()
-    assert build_rl_prompts(wh, train_config(rl_requires_difficulty=False))[0].is_empty()
+    assert build_sft_data(Sources(wh, "sft_data"), cfg, None)[0].is_empty()
+    assert build_dpo_pairs(Sources(wh, "dpo_pairs"), cfg, None)[0].is_empty()
+    assert build_rl_prompts(Sources(wh, "rl_prompts"), train_config(rl_requires_difficulty=False))[0].is_empty()
 
 
 def test_audit_passes_on_what_the_builders_wrote(built):

@@ -97,18 +97,18 @@ def _instance(row):
 
 
 def test_sft_data_gets_judge_examples_only_when_configured(wh):
-    from tasks.train.data import sft_source_rows
+    from tasks.train.data import Sources, sft_source_rows
 
     wh.write("synthetic_tasks", pl.DataFrame(synthetic_rows(20)))
-    plain, _ = sft_source_rows(wh, TrainConfig())
+    plain, _ = sft_source_rows(Sources(wh, "sft_data"), TrainConfig())
     assert not [r for r in plain if r["domain"] == JUDGE_DOMAIN]
-    with_judge, _ = sft_source_rows(wh, TrainConfig(data={"judge_examples_per_task": 4}))
+    with_judge, _ = sft_source_rows(Sources(wh, "sft_data"), TrainConfig(data={"judge_examples_per_task": 4}))
     judge = [r for r in with_judge if r["domain"] == JUDGE_DOMAIN]
     assert len(with_judge) == len(plain) + len(judge) and len(judge) == 4 * len(TASKS)
     sft_ids = set(wh.read("synthetic_tasks").filter(pl.col("split") == "sft")["id"])
     assert {r["source_id"] for r in judge} <= sft_ids
     # the policy's answer rows are capped per task; the judge draws on every SFT-side instance
-    capped, _ = sft_source_rows(wh, TrainConfig(data={"judge_examples_per_task": 12, "synthetic_per_task": 2,
+    capped, _ = sft_source_rows(Sources(wh, "sft_data"), TrainConfig(data={"judge_examples_per_task": 12, "synthetic_per_task": 2,
                                                       "judge_pairwise_share": 0.0}))
     judge = [r for r in capped if r["domain"] == JUDGE_DOMAIN]
     assert len(capped) - len(judge) <= 2 * len(TASKS) and len(judge) == 12 * len(TASKS)

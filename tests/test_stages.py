@@ -75,19 +75,26 @@ def test_training_table_is_built_once_until_a_source_changes(wh):
     assert report is not None and third.snapshot != first.snapshot
 
 
-def test_a_builder_that_reads_an_undeclared_table_fails(wh, monkeypatch):
+def test_a_builder_reads_only_its_declared_sources_at_pinned_snapshots(wh, monkeypatch):
     from tasks.train import data
     from tasks.train.config import TrainConfig
 
-    _synthetic(wh)
+    pinned = _synthetic(wh)
+    _synthetic(wh, per_task=8)                    # newer, not the pinned one
+    cfg = TrainConfig(data={"rl_requires_difficulty": False})
+    ref, _ = data.build_table(wh, "rl_prompts", cfg, _Tokenizer(), sources={"synthetic_tasks": pinned})
+    parents = {e["parent"] for e in wh.lineage("rl_prompts") if e["child"] == str(ref)}
+    assert parents == {str(pinned)}               # built from the pinned snapshot, not the newest
 
-    def reads_prompts_too(wh_, cfg, tokenizer):
-        wh_.exists("prompts")
-        return data.build_rl_prompts(wh_, cfg)
+    def reads_prompts_too(src, cfg, tokenizer):
+        src.read("prompts")
+        return data.build_rl_prompts(src, cfg)
 
     monkeypatch.setitem(data.BUILDERS, "rl_prompts", reads_prompts_too)
-    with pytest.raises(RuntimeError, match=r"read \['prompts'\].*does not declare"):
-        data.build_table(wh, "rl_prompts", TrainConfig(data={"rl_requires_difficulty": False}), _Tokenizer())
+    with pytest.raises(KeyError, match="read 'prompts', which data_specs/stages.py does not declare"):
+        data.build_table(wh, "rl_prompts", cfg, _Tokenizer())
+    with pytest.raises(ValueError, match=r"not \['prompts'\]"):
+        data.Sources(wh, "rl_prompts", {"prompts": None})
     assert "prompts" not in TRAINING_TABLES["rl_prompts"].sources
 
 

@@ -30,7 +30,7 @@ from tasks.curate.split import POOL_TABLES
 from tasks.rollout.chat import render_with_tokenizer
 from tasks.train.config import TrainConfig
 from tasks.verify.registry import verify
-from warehouse import TableRef, Warehouse, recording_tables
+from warehouse import TableRef, Warehouse
 from warehouse.store import frame_digest
 
 
@@ -135,11 +135,28 @@ class BuildReport:
         return out
 
 
-def _read(wh: Warehouse, name: str) -> tuple[pl.DataFrame, TableRef | None]:
-    ref = wh.latest(name)
-    if ref is None:
-        return pl.DataFrame(), None
-    return wh.read(name, ref.snapshot), ref
+class Sources:
+    """The snapshots one training table is built from, pinned once: every builder read goes to
+    one of them (a table the stage registry declares as a source), never to "latest"."""
+
+    def __init__(self, wh: Warehouse, table: str, refs: dict[str, TableRef | None] | None = None):
+        declared = TRAINING_TABLES[table].sources
+        refs = refs if refs is not None else {t: wh.latest(t) for t in declared}
+        extra = set(refs) - set(declared)
+        if extra:
+            raise ValueError(f"{table} is built from {list(declared)}, not {sorted(extra)}")
+        self.wh, self.table, self.refs = wh, table, {t: refs.get(t) for t in declared}
+
+    def read(self, name: str) -> tuple[pl.DataFrame, TableRef | None]:
+        """The pinned snapshot of ``name`` (an empty frame and None where the table did not exist)."""
+        if name not in self.refs:
+            raise KeyError(f"the {self.table} builder read {name!r}, which data_specs/stages.py does not "
+                           f"declare among its sources {list(self.refs)}")
+        ref = self.refs[name]
+        return (pl.DataFrame(), None) if ref is None else (self.wh.read(ref.name, ref.snapshot), ref)
+
+    def key(self) -> dict[str, str]:
+        return {t: str(r) if r else f"{t}@none" for t, r in self.refs.items()}
 
 
 def _gold_response(row: dict) -> str | None:
@@ -160,19 +177,19 @@ def _cap_per_task(df: pl.DataFrame, cap: int | None) -> pl.DataFrame:
     return df.sort("id").group_by("task", maintain_order=True).head(cap)
 
 
-def side_rows(wh: Warehouse, side: str, cfg: TrainConfig, refs: list[TableRef],
+def side_rows(src: Sources, side: str, cfg: TrainConfig, refs: list[TableRef],
               cap: bool = True) -> dict[str, dict]:
     """Every row one side may train on, by id: its curated pool, then the synthetic
     instances assigned to it (at most ``data.synthetic_per_task`` per task unless ``cap``
     is off). Never raw ``prompts``: curation chose the text that trains."""
     pool_name = POOL_TABLES[side]
     out: dict[str, dict] = {}
-    pool, ref = _read(wh, pool_name)
+    pool, ref = src.read(pool_name)
     if ref is not None:
         refs.append(ref)
         for r in pool.iter_rows(named=True):
             out[str(r["id"])] = {**r, "_table": pool_name}
-    synth, sref = _read(wh, "synthetic_tasks")
+    synth, sref = src.read("synthetic_tasks")
     if sref is not None and not synth.is_empty():
         if "split" not in synth.columns:
             raise ValueError(f"{sref} has no 'split' column (written before synthetic instances had a side): "
@@ -185,11 +202,11 @@ def side_rows(wh: Warehouse, side: str, cfg: TrainConfig, refs: list[TableRef],
     return out
 
 
-def sft_source_rows(wh: Warehouse, cfg: TrainConfig) -> tuple[list[dict], list[TableRef]]:
+def sft_source_rows(src: Sources, cfg: TrainConfig) -> tuple[list[dict], list[TableRef]]:
     """Rows with (source_table, source_id, domain, prompt, response) from the SFT side."""
     refs: list[TableRef] = []
     rows = []
-    sft_side = side_rows(wh, "sft", cfg, refs)
+    sft_side = side_rows(src, "sft", cfg, refs)
     for pid, r in sft_side.items():
         response = _gold_response(r)
         if response:
@@ -199,7 +216,7 @@ def sft_source_rows(wh: Warehouse, cfg: TrainConfig) -> tuple[list[dict], list[T
         from tasks.train.judge_data import judge_sft_rows
 
         # the policy's own answer rows stay capped; the judge draws on every SFT-side instance
-        judge_side = side_rows(wh, "sft", cfg, [], cap=False)
+        judge_side = side_rows(src, "sft", cfg, [], cap=False)
         rows += judge_sft_rows(judge_side, cfg.data.judge_examples_per_task, cfg.seed,
                                cfg.data.judge_pairwise_share, cfg.data.judge_max_chars)
     return rows, refs
@@ -218,9 +235,9 @@ def _cap_per_stage(rows: list[dict], cap: int, report: BuildReport) -> list[dict
     return out
 
 
-def build_sft_data(wh: Warehouse, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
+def build_sft_data(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
     """The ``sft_data`` frame: each example assigned to sft_short or sft_long by token length."""
-    rows, refs = sft_source_rows(wh, cfg)
+    rows, refs = sft_source_rows(src, cfg)
     ranges = cfg.token_ranges("sft")
     report, out = BuildReport(seen=len(rows)), []
     for r in rows:
@@ -245,16 +262,16 @@ def build_sft_data(wh: Warehouse, cfg: TrainConfig, tokenizer) -> tuple[pl.DataF
 # --------------------------------------------------------------------------- DPO
 
 
-def _chosen_candidates(wh: Warehouse, prompts: dict[str, dict], refs: list[TableRef]) -> dict[str, tuple[str, str]]:
+def _chosen_candidates(src: Sources, prompts: dict[str, dict], refs: list[TableRef]) -> dict[str, tuple[str, str]]:
     """prompt_id -> (response, source): a correct rollout first, then a GenRM reference, then gold."""
     chosen: dict[str, tuple[str, str]] = {}
-    rollouts, rref = _offline_rollouts(wh)
+    rollouts, rref = _offline_rollouts(src)
     if rref is not None:
         refs.append(rref)
         good = rollouts.filter((pl.col("reward") >= 1.0) & pl.col("text").is_not_null()).sort("rollout_id")
         for r in good.filter(pl.col("prompt_id").is_in(list(prompts))).iter_rows(named=True):
             chosen.setdefault(r["prompt_id"], (r["text"], "rollout_correct"))
-    references, fref = _read(wh, "references")
+    references, fref = src.read("references")
     if fref is not None:
         refs.append(fref)
         for r in references.filter(pl.col("prompt_id").is_in(list(prompts))).iter_rows(named=True):
@@ -266,14 +283,14 @@ def _chosen_candidates(wh: Warehouse, prompts: dict[str, dict], refs: list[Table
     return chosen
 
 
-def _offline_rollouts(wh: Warehouse) -> tuple[pl.DataFrame, TableRef | None]:
+def _offline_rollouts(src: Sources) -> tuple[pl.DataFrame, TableRef | None]:
     """Rollouts sampled outside training (``rollouts``; the RL stage keeps its own samples in
     ``rl_rollouts``, which DPO never reads)."""
-    return _read(wh, "rollouts")
+    return src.read("rollouts")
 
 
-def _rejected_candidates(wh: Warehouse) -> dict[str, str]:
-    rollouts, ref = _offline_rollouts(wh)
+def _rejected_candidates(src: Sources) -> dict[str, str]:
+    rollouts, ref = _offline_rollouts(src)
     if ref is None:
         return {}
     bad = rollouts.filter((pl.col("reward") <= 0.0) & pl.col("text").is_not_null()
@@ -303,11 +320,11 @@ def _perturbed_negative(row: dict, seed: int) -> str | None:
     return None
 
 
-def build_dpo_pairs(wh: Warehouse, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
+def build_dpo_pairs(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
     refs: list[TableRef] = []
-    prompts = side_rows(wh, "sft", cfg, refs)   # DPO trains on the SFT side only
-    chosen = _chosen_candidates(wh, prompts, refs)
-    rejected = _rejected_candidates(wh)
+    prompts = side_rows(src, "sft", cfg, refs)   # DPO trains on the SFT side only
+    chosen = _chosen_candidates(src, prompts, refs)
+    rejected = _rejected_candidates(src)
     ranges = cfg.token_ranges("dpo")
     report, out = BuildReport(seen=len(chosen)), []
     for pid, (good, good_source) in chosen.items():
@@ -353,20 +370,20 @@ def _rl_row(row: dict, table: str, selected_by: str) -> dict:
             "prompt": row["prompt"], **{f: row.get(f) for f in RL_VERIFIER_FIELDS}, "selected_by": selected_by}
 
 
-def latest_difficulty_decisions(wh: Warehouse) -> tuple[dict[str, str], TableRef | None]:
+def latest_difficulty_decisions(src: Sources) -> tuple[dict[str, str], TableRef | None]:
     """prompt_id -> its newest difficulty decision, and the snapshot it was read from."""
     from tasks.difficulty import latest_decisions
 
-    difficulty, ref = _read(wh, "difficulty")
+    difficulty, ref = src.read("difficulty")
     return (latest_decisions(difficulty) if ref is not None else {}), ref
 
 
-def build_rl_prompts(wh: Warehouse, cfg: TrainConfig) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
+def build_rl_prompts(src: Sources, cfg: TrainConfig) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
     """The RL side's rows whose latest difficulty decision keeps them (``unscored``: a domain
     with no verifier band, rewarded by the GenRM)."""
     refs: list[TableRef] = []
-    candidates = side_rows(wh, "rl", cfg, refs)
-    decisions, dref = latest_difficulty_decisions(wh)
+    candidates = side_rows(src, "rl", cfg, refs)
+    decisions, dref = latest_difficulty_decisions(src)
     if dref is not None:
         refs.append(dref)
     report, rows = BuildReport(seen=len(candidates)), []
@@ -397,38 +414,35 @@ def write_if_changed(wh: Warehouse, name: str, frame: pl.DataFrame, parents: lis
     return wh.write(name, frame, parents=_unique_refs(parents), note=note)
 
 
-BUILDERS: dict[str, Callable[[Warehouse, TrainConfig, object], tuple[pl.DataFrame, list[TableRef], BuildReport]]] = {
+BUILDERS: dict[str, Callable[[Sources, TrainConfig, object], tuple[pl.DataFrame, list[TableRef], BuildReport]]] = {
     "sft_data": build_sft_data,
     "dpo_pairs": build_dpo_pairs,
-    "rl_prompts": lambda wh, cfg, tokenizer: build_rl_prompts(wh, cfg),
+    "rl_prompts": lambda src, cfg, tokenizer: build_rl_prompts(src, cfg),
 }
 
 
-def build_key(wh: Warehouse, name: str, cfg: TrainConfig, tokenizer) -> str:
-    """What a training table is a function of: its sources' snapshots and the build settings."""
-    sources = {t: str(wh.latest(t)) for t in TRAINING_TABLES[name].sources}
-    stages = {s: cfg.stage(s).model_dump() for s in stages_reading(name)}
+def build_key(src: Sources, cfg: TrainConfig, tokenizer) -> str:
+    """What a training table is a function of: its pinned sources and the build settings."""
+    stages = {s: cfg.stage(s).model_dump() for s in stages_reading(src.table)}
     settings = {"data": cfg.data.model_dump(), "stages": stages, "seed": cfg.seed,
                 "tokenizer": [getattr(tokenizer, "name_or_path", None), len(tokenizer)]}
-    return _stable_id(json.dumps({"sources": sources, "settings": settings}, sort_keys=True, default=str))
+    return _stable_id(json.dumps({"sources": src.key(), "settings": settings}, sort_keys=True, default=str))
 
 
-def build_table(wh: Warehouse, name: str, cfg: TrainConfig, tokenizer) -> tuple[TableRef | None, BuildReport | None]:
-    """Build one training table and write it if it changed; an up-to-date table is not rebuilt.
+def build_table(wh: Warehouse, name: str, cfg: TrainConfig, tokenizer,
+                sources: dict[str, TableRef | None] | None = None) -> tuple[TableRef | None, BuildReport | None]:
+    """Build one training table from its sources (these snapshots, else each source's newest,
+    looked up once here) and write it if it changed; an up-to-date table is not rebuilt.
 
-    The builder may read only the sources the stage registry declares for the table (the
-    warehouse notes every table it consults): the pipeline keys its cache on them.
+    The builder reads only through the pinned sources, which are the tables the stage
+    registry declares for it: the pipeline's cache and the table's lineage name exactly those.
     """
-    key = build_key(wh, name, cfg, tokenizer)
+    src = Sources(wh, name, sources)
+    key = build_key(src, cfg, tokenizer)
     latest = wh.latest(name)
     if latest is not None and _snapshot_note(wh, latest).get("build_key") == key:
         return latest, None
-    with recording_tables() as use:
-        frame, parents, report = BUILDERS[name](wh, cfg, tokenizer)
-    undeclared = use.read - set(TRAINING_TABLES[name].sources)
-    if undeclared:
-        raise RuntimeError(f"the {name} builder read {sorted(undeclared)}, which data_specs/stages.py does not "
-                           f"declare among its sources {list(TRAINING_TABLES[name].sources)}")
+    frame, parents, report = BUILDERS[name](src, cfg, tokenizer)
     if frame.is_empty():
         return None, report
     return write_if_changed(wh, name, frame, parents, note=json.dumps({"build_key": key})), report
