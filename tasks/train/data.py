@@ -262,12 +262,11 @@ def build_sft_data(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFr
 # --------------------------------------------------------------------------- DPO
 
 
-def _chosen_candidates(src: Sources, prompts: dict[str, dict], refs: list[TableRef]) -> dict[str, tuple[str, str]]:
+def _chosen_candidates(src: Sources, rollouts: pl.DataFrame, prompts: dict[str, dict],
+                       refs: list[TableRef]) -> dict[str, tuple[str, str]]:
     """prompt_id -> (response, source): a correct rollout first, then a GenRM reference, then gold."""
     chosen: dict[str, tuple[str, str]] = {}
-    rollouts, rref = _offline_rollouts(src)
-    if rref is not None:
-        refs.append(rref)
+    if not rollouts.is_empty():
         good = rollouts.filter((pl.col("reward") >= 1.0) & pl.col("text").is_not_null()).sort("rollout_id")
         for r in good.filter(pl.col("prompt_id").is_in(list(prompts))).iter_rows(named=True):
             chosen.setdefault(r["prompt_id"], (r["text"], "rollout_correct"))
@@ -283,15 +282,8 @@ def _chosen_candidates(src: Sources, prompts: dict[str, dict], refs: list[TableR
     return chosen
 
 
-def _offline_rollouts(src: Sources) -> tuple[pl.DataFrame, TableRef | None]:
-    """Rollouts sampled outside training (``rollouts``; the RL stage keeps its own samples in
-    ``rl_rollouts``, which DPO never reads)."""
-    return src.read("rollouts")
-
-
-def _rejected_candidates(src: Sources) -> dict[str, str]:
-    rollouts, ref = _offline_rollouts(src)
-    if ref is None:
+def _rejected_candidates(rollouts: pl.DataFrame) -> dict[str, str]:
+    if rollouts.is_empty():
         return {}
     bad = rollouts.filter((pl.col("reward") <= 0.0) & pl.col("text").is_not_null()
                           & (pl.col("text").str.strip_chars().str.len_chars() > 0)).sort("rollout_id")
@@ -323,8 +315,11 @@ def _perturbed_negative(row: dict, seed: int) -> str | None:
 def build_dpo_pairs(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
     refs: list[TableRef] = []
     prompts = side_rows(src, "sft", cfg, refs)   # DPO trains on the SFT side only
-    chosen = _chosen_candidates(src, prompts, refs)
-    rejected = _rejected_candidates(src)
+    # rollouts sampled outside training (the RL stage keeps its own in rl_rollouts, never read here)
+    rollouts, rref = src.read("rollouts")
+    refs += [rref] if rref is not None else []
+    chosen = _chosen_candidates(src, rollouts, prompts, refs)
+    rejected = _rejected_candidates(rollouts)
     ranges = cfg.token_ranges("dpo")
     report, out = BuildReport(seen=len(chosen)), []
     for pid, (good, good_source) in chosen.items():

@@ -105,10 +105,7 @@ class ServedSampler:
         checkpoint.save_hf(self.engine, self.tokenizer, target, self.zero_stage, self.is_rank0)
         if self.is_rank0:
             self._ensure_running()
-            response = httpx.post(f"{self.server.base_url}/weights", json={"path": str(target), "version": version},
-                                  timeout=self.cfg.startup_timeout_s)
-            if response.status_code != 200:
-                raise RuntimeError(f"rollout engine refused weights v{version}: {response.text[:500]}")
+            self._load(target, version)
             for old in sorted(self.weights_dir.glob("v*")):
                 if old != target:
                     shutil.rmtree(old, ignore_errors=True)
@@ -118,6 +115,13 @@ class ServedSampler:
             self._describe()
         self.syncs += 1
         self.sync_seconds += time.monotonic() - started
+
+    def _load(self, target: Path, version: int) -> None:
+        """Have the engine load the weights in ``target`` as ``version``."""
+        response = httpx.post(f"{self.server.base_url}/weights", json={"path": str(target), "version": version},
+                              timeout=self.cfg.startup_timeout_s)
+        if response.status_code != 200:
+            raise RuntimeError(f"rollout engine refused weights v{version}: {response.text[:500]}")
 
     def prepare(self) -> int:
         """Push first if the engine lags by more than ``max_staleness``; the staleness it samples with."""
@@ -160,8 +164,7 @@ class ServedSampler:
         self._start()
         if pushed > 0:
             target = self.weights_dir / f"v{pushed:08d}"
-            httpx.post(f"{self.server.base_url}/weights", json={"path": str(target), "version": pushed},
-                       timeout=self.cfg.startup_timeout_s).raise_for_status()
+            self._load(target, pushed)
             self.version = pushed
         self._describe()
 
