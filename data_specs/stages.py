@@ -34,6 +34,7 @@ class TrainStage:
     description: str
     defaults: dict = field(default_factory=dict)   # the paper's values for this stage's profile block
     after: tuple[str, ...] = ()   # pipeline stages (not training) whose output it also builds on
+    optional: bool = False        # trained only when its table has rows (a profile may ask for none)
 
 
 TRAINING_TABLES: dict[str, TrainingTable] = {t.name: t for t in (
@@ -43,11 +44,19 @@ TRAINING_TABLES: dict[str, TrainingTable] = {t.name: t for t in (
                   "chosen/rejected pairs on SFT-side prompts: verified rollouts, GenRM references, gold"),
     TrainingTable("rl_prompts", ("rl_pool", "synthetic_tasks", "difficulty"),
                   "RL-side prompts whose latest difficulty decision is keep"),
+    TrainingTable("judge_data", ("synthetic_tasks",),
+                  "GenRM judge examples: verdicts on the gold or a verifier-rejected answer of SFT-side "
+                  "synthetic instances"),
 )}
 
 _SHORT, _LONG = {"max_tokens": 8192}, {"min_tokens": 8193, "max_tokens": 131072}
 
 TRAIN_STAGES: tuple[TrainStage, ...] = (
+    # the GenRM judge (M1: a generative reward model for what rules cannot check), trained from
+    # the base model on verdicts its data can vouch for; profiles name it as a judge with
+    # `model: judge`. Its own lineage: no policy stage follows it.
+    TrainStage("judge", "sft", "judge_data", None, ("models",),
+               "the GenRM judge: SFT from the base model on gold-vs-rejected verdicts", optional=True),
     TrainStage("sft_short", "sft", "sft_data", None, ("models",),
                "SFT on examples up to the short length", _SHORT),
     TrainStage("sft_long", "sft", "sft_data", "sft_short", ("models",),
@@ -57,7 +66,7 @@ TRAIN_STAGES: tuple[TrainStage, ...] = (
     TrainStage("dpo_long", "dpo", "dpo_pairs", "dpo_short", ("models",),
                "DPO on long pairs", _LONG, after=("references",)),
     TrainStage("rl", "rl", "rl_prompts", "dpo_long", ("models", "rl_rollouts", "judgments"),
-               "CISPO RL with staged output-length windows", after=("difficulty",)),
+               "CISPO RL with staged output-length windows", after=("difficulty", "judge")),
 )
 
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in TRAIN_STAGES)
@@ -78,6 +87,11 @@ def stages_of(recipe: Recipe) -> tuple[str, ...]:
 
 def stages_reading(table: str) -> tuple[str, ...]:
     return tuple(s.name for s in TRAIN_STAGES if s.table == table)
+
+
+def policy_stages() -> tuple[str, ...]:
+    """The stages of the policy's lineage: the last stage and every stage it follows, in order."""
+    return (*reversed(earlier_stages(STAGE_NAMES[-1])), STAGE_NAMES[-1])
 
 
 def earlier_stages(name: str) -> tuple[str, ...]:

@@ -1,8 +1,7 @@
 """Tables of the train stage: what each stage consumed, and the models it produced.
 
 The stages themselves (names, the table each reads) are declared in ``data_specs.stages``.
-RL rollouts go to the shared ``rollouts`` table (data_specs/rollouts.py) with
-``source_table = 'rl_prompts'``.
+RL's own rollouts go to ``rl_rollouts`` (data_specs/rollouts.py).
 """
 from __future__ import annotations
 
@@ -16,21 +15,29 @@ def _non_negative(c: pl.Expr) -> pl.Expr:
     return c >= 0
 
 
-SFT_DATA = register(TableSpec(
-    "sft_data", version=1, key=("example_id",),
-    description="SFT examples (prompt, response) with their token length and the stage that trains on them.",
-    columns=[
-        Column("example_id", pl.Utf8, required=True),
-        Column("stage", pl.Utf8, required=True, allowed=stages_reading("sft_data")),
-        Column("source_table", pl.Utf8, required=True),
-        Column("source_id", pl.Utf8, required=True),
-        Column("domain", pl.Utf8, required=True),
-        Column("prompt", pl.Utf8, required=True),
-        Column("response", pl.Utf8, required=True),
-        Column("num_tokens", pl.Int64, required=True, check=_non_negative, check_reason="negative_token_count"),
-        Column("response_tokens", pl.Int64, required=True, check=_non_negative, check_reason="negative_token_count"),
-    ],
-))
+def _sft_examples(name: str, description: str) -> TableSpec:
+    return TableSpec(
+        name, version=1, key=("example_id",), description=description,
+        columns=[
+            Column("example_id", pl.Utf8, required=True),
+            Column("stage", pl.Utf8, required=True, allowed=stages_reading(name)),
+            Column("source_table", pl.Utf8, required=True),
+            Column("source_id", pl.Utf8, required=True),
+            Column("domain", pl.Utf8, required=True),
+            Column("prompt", pl.Utf8, required=True),
+            Column("response", pl.Utf8, required=True),
+            Column("num_tokens", pl.Int64, required=True, check=_non_negative, check_reason="negative_token_count"),
+            Column("response_tokens", pl.Int64, required=True, check=_non_negative,
+                   check_reason="negative_token_count"),
+        ],
+    )
+
+
+SFT_DATA = register(_sft_examples(
+    "sft_data", "SFT examples (prompt, response) with their token length and the stage that trains on them."))
+
+JUDGE_DATA = register(_sft_examples(
+    "judge_data", "GenRM judge examples (the judge's prompt, the verdict it should give) for the judge stage."))
 
 DPO_PAIRS = register(TableSpec(
     "dpo_pairs", version=1, key=("pair_id",),

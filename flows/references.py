@@ -34,15 +34,15 @@ from tasks.genrm.references import build_backends, run_references
 from tasks.genrm.validation import judge_accuracy, run_judge_validation
 from tasks.genrm.models import resolve_rollout
 from tasks.rollout.factory import make_backend
-from warehouse import Warehouse
+from warehouse import TableRef, Warehouse
 
 SECTION = "references"
 
 
 @task(name="references-tournaments", cache_policy=NO_CACHE)
 def tournaments_task(wh: Warehouse, cfg: ReferencesConfig, judge: GenRMJudge, backends: dict,
-                     prompts: list | None, run_id: str):
-    return run_references(wh, cfg, judge, backends, prompts=prompts, run_id=run_id)
+                     prompts: list | None, run_id: str, sources: dict[str, TableRef] | None = None):
+    return run_references(wh, cfg, judge, backends, prompts=prompts, run_id=run_id, sources=sources)
 
 
 @task(name="references-validate-judge", cache_policy=NO_CACHE)
@@ -53,8 +53,12 @@ def validation_task(wh: Warehouse, cfg: ReferencesConfig, judge: GenRMJudge, bac
 
 @flow(name="references", log_prints=True, flow_run_name="references")
 def references_flow(profile: str = "tiny", home: str | None = None, prompts: list | None = None,
-                    labelled_files: list[str] | None = None, validate_judge: bool | None = None) -> dict:
+                    labelled_files: list[str] | None = None, validate_judge: bool | None = None,
+                    sources: dict[str, TableRef] | None = None) -> dict:
     """Pick and store a reference per open prompt; validate the judge (unless disabled).
+
+    ``sources``: the prompt tables' snapshots to draw open prompts from (the pipeline hands
+    over what curate wrote); a table not among them is read at its newest.
 
     ``prompts``: extra open prompts (text, or dicts with ``prompt`` and optional ``id``,
     ``domain``, ``constraints``) judged beside the configured table's rows.
@@ -68,7 +72,7 @@ def references_flow(profile: str = "tiny", home: str | None = None, prompts: lis
         wh = ctx.wh
         judge_backend, backends = build_backends(cfg, str(wh.home))
         judge = GenRMJudge(judge_backend, cfg.judge, seed=cfg.seed)
-        report = tournaments_task(wh, cfg, judge, backends, prompts, ctx.run_id)
+        report = tournaments_task(wh, cfg, judge, backends, prompts, ctx.run_id, sources)
         for ref in report.inputs:
             tracking.log_table(ref, context="input", run_id=ctx.run_id)
         log.info("references: %d prompts, %d candidates, %d games, %d references, games by status %s",

@@ -50,14 +50,16 @@ def base_model_task(home: str, cfg: dict, model_section: dict, seed: int) -> str
 
 
 @task(name="train-build-data")
-def build_data_task(home: str, cfg: dict, base_model: str, tables: list[str]) -> dict[str, TableRef]:
-    """Write the named training tables from the warehouse (unchanged ones are kept); refs by name."""
+def build_data_task(home: str, cfg: dict, base_model: str, tables: list[str],
+                    sources: dict[str, TableRef] | None = None) -> dict[str, TableRef]:
+    """Write the named training tables (unchanged ones are kept) from ``sources``, the snapshots
+    the pipeline's earlier stages handed over (None: each source's newest); refs by name."""
     from transformers import AutoTokenizer
 
     from tasks.train.data import write_training_tables
 
     tokenizer = AutoTokenizer.from_pretrained(base_model)
-    refs, reports = write_training_tables(Warehouse(home), TrainConfig(**cfg), tokenizer, tables)
+    refs, reports = write_training_tables(Warehouse(home), TrainConfig(**cfg), tokenizer, tables, sources)
     for name, report in reports.items():
         tracking.log_counters(report.counters(), prefix=f"data.{name}")
     return refs
@@ -188,8 +190,12 @@ def train_run_title(stages: list[str] | None) -> str:
 
 @flow(name="train", log_prints=True, flow_run_name=_train_flow_run_name)
 def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str] | None = None,
-               resume: bool = True, run_name: str | None = None) -> dict:
-    """Run the training stages in order, each starting from the previous stage's model."""
+               resume: bool = True, run_name: str | None = None,
+               sources: dict[str, TableRef] | None = None) -> dict:
+    """Run the training stages in order, each starting from the previous stage's model.
+
+    ``sources``: the snapshots to build the training tables from (the pipeline hands over
+    what its earlier stages wrote); a source not among them is read at its newest."""
     log = flow_logger()
     report_progress("train", "start")
     with flow_context("train", profile, home, {"stages": stages or "all", "resume": resume},
@@ -201,7 +207,7 @@ def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str]
         sequence = _stage_sequence(stages, cfg)
         base = base_model_task(home_str, cfg.model_dump(), ctx.profile.raw("model"), ctx.profile.core.seed)
         tables = list(dict.fromkeys(train_stage(s).table for s in sequence))
-        data_refs = build_data_task(home_str, cfg.model_dump(), base, tables)
+        data_refs = build_data_task(home_str, cfg.model_dump(), base, tables, sources)
         for ref in data_refs.values():
             tracking.log_table(ref, context="output")
         results: dict[str, dict] = {}
@@ -209,9 +215,13 @@ def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str]
         final_model = base
         for stage in sequence:
             # the model of the nearest stage it follows: trained just now, else earlier in this run
-            init_model = next((results[p]["path"] for p in earlier_stages(stage) if p in results), None) \
+            init_model = next((results[p]["path"] for p in earlier_stages(stage) if "path" in results.get(p, {})), None) \
                 or _previous_model(wh, name, stage, base)
             table = train_stage(stage).table
+            if table not in data_refs and train_stage(stage).optional:
+                log.info("train %s: no %s rows (the profile asks for none): stage not trained", stage, table)
+                results[stage] = {"steps": 0, "no_data": True}
+                continue
             if table not in data_refs:
                 raise ValueError(f"stage {stage}: the warehouse yielded no {table} rows "
                                  "(ingest, curate or synthesize data first)")
@@ -236,6 +246,7 @@ def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str]
 
 @flow(name="train-stage", flow_run_name="{stage}")
 def train_stage_flow(stage: str, profile: str = "tiny", home: str | None = None, resume: bool = True,
-                     run_name: str | None = None) -> dict:
+                     run_name: str | None = None, sources: dict[str, TableRef] | None = None) -> dict:
     """One stage on its own (it starts from this run's previous stage's model, else the base)."""
-    return train_flow(profile=profile, home=home, stages=[stage], resume=resume, run_name=run_name)
+    return train_flow(profile=profile, home=home, stages=[stage], resume=resume, run_name=run_name,
+                      sources=sources)

@@ -2,9 +2,10 @@
 curation and difficulty chose.
 
 Checks (each counts what it checked and names every offending id):
-- ``sft_side`` / ``dpo_side`` / ``rl_side``: every row of ``sft_data``, ``dpo_pairs`` and
-  ``rl_prompts`` maps to a kept pool row (``sft_pool`` / ``rl_pool``) or a synthetic
-  instance assigned to its own side, with the very prompt text curation kept.
+- ``sft_side`` / ``dpo_side`` / ``rl_side`` / ``judge_side``: every row of ``sft_data``,
+  ``dpo_pairs``, ``rl_prompts`` and ``judge_data`` maps to a kept pool row (``sft_pool`` /
+  ``rl_pool``) or a synthetic instance assigned to its own side (the judge's: SFT), with
+  the very prompt text curation kept (a judge example quotes it inside its judge prompt).
 - ``no_prompt_on_both_sides`` / ``no_cluster_on_both_sides``: no prompt id, prompt text or
   near-duplicate cluster feeds both the SFT side (SFT, DPO) and the RL side.
 - ``no_benchmark_item``: no training prompt is a benchmark item (same normalized text) or a
@@ -24,8 +25,8 @@ from tasks.difficulty import latest_decisions
 from warehouse import Warehouse
 
 MAX_LISTED = 20
-SIDE_OF_TABLE = {"sft_data": "sft", "dpo_pairs": "sft", "rl_prompts": "rl"}
-ID_COLUMN = {"sft_data": "source_id", "dpo_pairs": "prompt_id", "rl_prompts": "prompt_id"}
+SIDE_OF_TABLE = {"sft_data": "sft", "dpo_pairs": "sft", "rl_prompts": "rl", "judge_data": "sft"}
+ID_COLUMN = {"sft_data": "source_id", "dpo_pairs": "prompt_id", "rl_prompts": "prompt_id", "judge_data": "source_id"}
 DECONTAM_STAGE = "curate.decontam"
 
 

@@ -213,8 +213,9 @@ def rl_side(df: pl.DataFrame) -> pl.DataFrame:
     return df.filter(pl.col("split") == "rl") if "split" in df.columns else df
 
 
-def _process_table(wh, table, cfg, backend, params, limits, pool, run_id):
-    df = rl_side(wh.read(table))
+def _process_table(wh, ref, cfg, backend, params, limits, pool, run_id):
+    table = ref.name
+    df = rl_side(wh.read(table, ref.snapshot))
     if cfg.max_rows_per_table is not None and df.height > cfg.max_rows_per_table:
         # a seeded sample, not the head: tables are ordered by task or source
         df = df.sample(n=cfg.max_rows_per_table, seed=cfg.sampling.seed).sort(df.columns[0])
@@ -261,12 +262,13 @@ def run_difficulty(
     cfg: DifficultyConfig,
     backend: RolloutBackend,
     tables: tuple[str, ...] = ("rl_pool", "synthetic_tasks"),
+    sources: dict[str, TableRef] | None = None,
 ) -> dict[str, TableRef]:
-    """Sample, verify and band every row of ``tables``; returns refs of the tables written."""
+    """Sample, verify and band every row of ``tables``, each at its snapshot in ``sources`` (else
+    its newest); returns refs of the tables written."""
     params = cfg.sampling.params()
     limits = cfg.sandbox_limits()
-    present = [t for t in tables if wh.exists(t)]
-    inputs = [wh.latest(t) for t in present]
+    inputs = [ref for ref in ((sources or {}).get(t) or wh.latest(t) for t in tables) if ref is not None]
     with stage_run(STAGE, params={"difficulty": cfg.model_dump(), "backend": backend.name,
                                     "model": getattr(backend, "model_name", backend.name)}) as mlflow_run:
         run_id = mlflow_run or current_run_id() or uuid.uuid4().hex
@@ -274,8 +276,8 @@ def run_difficulty(
             log_table(ref, context="input")
         all_rollouts, all_difficulty, all_decisions = [], [], []
         with ThreadPoolExecutor(max_workers=cfg.verify_workers) as pool:
-            for table in present:
-                r, d, x = _process_table(wh, table, cfg, backend, params, limits, pool, run_id)
+            for ref in inputs:
+                r, d, x = _process_table(wh, ref, cfg, backend, params, limits, pool, run_id)
                 all_rollouts += r
                 all_difficulty += d
                 all_decisions += x

@@ -44,9 +44,10 @@ BENCH = {"item_id": "b1", "prompt": "How many positive divisors does the number 
 
 def train_config(**data) -> TrainConfig:
     return TrainConfig(base_model={"kind": "hybrid", "name": "audit-base", "tokenizer_texts": 300},
-                       data={"synthetic_per_task": 20, **data},
+                       data={"synthetic_per_task": 20, "judge_examples_per_task": 4, **data},
                        sft_short={"max_tokens": 400}, sft_long={"min_tokens": 401, "max_tokens": 2048},
-                       dpo_short={"max_tokens": 400}, dpo_long={"min_tokens": 401, "max_tokens": 2048})
+                       dpo_short={"max_tokens": 400}, dpo_long={"min_tokens": 401, "max_tokens": 2048},
+                       judge={"max_tokens": 2048})
 
 
 def write_difficulty(wh, decisions: dict[str, str], run_id: str) -> None:
@@ -146,8 +147,8 @@ def test_audit_passes_on_what_the_builders_wrote(built):
     report = run_audit(wh)
     assert report.passed, report.describe()
     names = {c.name: c.checked for c in report.checks}
-    assert set(names) == {"sft_side", "dpo_side", "rl_side", "no_prompt_on_both_sides", "no_cluster_on_both_sides",
-                          "no_benchmark_item", "rl_latest_difficulty_keep"}
+    assert set(names) == {"sft_side", "dpo_side", "rl_side", "judge_side", "no_prompt_on_both_sides",
+                          "no_cluster_on_both_sides", "no_benchmark_item", "rl_latest_difficulty_keep"}
     assert all(v > 0 for v in names.values()), names
 
 
@@ -177,6 +178,17 @@ def test_audit_fails_on_a_planted_cross_side_row(built):
     assert any(sft_synth["id"] in o and "sft side" in o for o in _failed(report, "rl_side"))
     assert any(sft_synth["id"] in o for o in _failed(report, "no_prompt_on_both_sides"))
     assert any(sft_synth["id"] in o for o in _failed(report, "rl_latest_difficulty_keep"))
+
+
+def test_audit_fails_on_a_judge_example_built_on_an_rl_side_instance(built):
+    """The judge trains on SFT-side instances only: one quoting an RL-side instance is flagged."""
+    wh, *_ = built
+    rl_synth = wh.read("synthetic_tasks").filter(pl.col("split") == "rl").row(0, named=True)
+    judge = wh.read("judge_data")
+    planted = judge.head(1).with_columns(pl.lit("planted").alias("example_id"), pl.lit(rl_synth["id"]).alias("source_id"),
+                                         pl.lit(f"[Problem]\n{rl_synth['prompt']}").alias("prompt"))
+    report = _planted(wh, "judge_data", pl.concat([judge, planted]))
+    assert any(rl_synth["id"] in o and "rl side" in o for o in _failed(report, "judge_side"))
 
 
 def test_audit_fails_on_a_planted_contaminated_row(built):

@@ -102,14 +102,18 @@ def test_sft_data_gets_judge_examples_only_when_configured(wh):
     wh.write("synthetic_tasks", pl.DataFrame(synthetic_rows(20)))
     plain, _ = sft_source_rows(Sources(wh, "sft_data"), TrainConfig())
     assert not [r for r in plain if r["domain"] == JUDGE_DOMAIN]
-    with_judge, _ = sft_source_rows(Sources(wh, "sft_data"), TrainConfig(data={"judge_examples_per_task": 4}))
+    # the judge stage's examples stay in judge_data unless the policy is to be its own judge
+    separate, _ = sft_source_rows(Sources(wh, "sft_data"), TrainConfig(data={"judge_examples_per_task": 4}))
+    assert not [r for r in separate if r["domain"] == JUDGE_DOMAIN]
+    with_judge, _ = sft_source_rows(Sources(wh, "sft_data"), TrainConfig(data={"judge_examples_per_task": 4,
+                                                                              "judge_in_sft": True}))
     judge = [r for r in with_judge if r["domain"] == JUDGE_DOMAIN]
     assert len(with_judge) == len(plain) + len(judge) and len(judge) == 4 * len(TASKS)
     sft_ids = set(wh.read("synthetic_tasks").filter(pl.col("split") == "sft")["id"])
     assert {r["source_id"] for r in judge} <= sft_ids
     # the policy's answer rows are capped per task; the judge draws on every SFT-side instance
     capped, _ = sft_source_rows(Sources(wh, "sft_data"), TrainConfig(data={"judge_examples_per_task": 12, "synthetic_per_task": 2,
-                                                      "judge_pairwise_share": 0.0}))
+                                                      "judge_pairwise_share": 0.0, "judge_in_sft": True}))
     judge = [r for r in capped if r["domain"] == JUDGE_DOMAIN]
     assert len(capped) - len(judge) <= 2 * len(TASKS) and len(judge) == 12 * len(TASKS)
     assert {r["source_id"] for r in judge} <= sft_ids
@@ -153,7 +157,7 @@ def test_pairs_skip_tasks_that_cannot_be_perturbed():
     assert judge_pair(Stubborn(), inst, gold_second=False, rng=random.Random(0)) is None
 
 
-def test_policy_judge_model_resolves_to_the_rl_start_model(wh):
+def test_policy_and_stage_judge_models_resolve_in_the_home(wh):
     from tasks.genrm.models import resolve_rollout
     from tasks.rollout.config import RolloutConfig
     from tasks.train.models import POLICY_MODEL
@@ -163,15 +167,21 @@ def test_policy_judge_model_resolves_to_the_rl_start_model(wh):
         resolve_rollout(rollout, str(wh.home))
     rows = [{"model_id": f"r/{s}", "run_name": "r", "stage": s, "path": f"/models/{s}", "init_model": "base",
              "profile": "test", "steps": 1, "data_snapshots": "[]", "config_hash": "h"}
-            for s in ("sft_long", "dpo_long", "rl")]
+            for s in ("sft_long", "dpo_long", "judge", "rl")]
     wh.write("models", pl.DataFrame(rows))
+    # the judge stage finished last before RL, but it is not of the policy's lineage
     assert resolve_rollout(rollout, str(wh.home)).model == "/models/dpo_long"
+    # a stage's name is that stage's newest model: what `model: judge` names in a profile
+    assert resolve_rollout(RolloutConfig(backend="local", model="judge"), str(wh.home)).model == "/models/judge"
+    with pytest.raises(LookupError, match="no model of stage 'sft_short'"):
+        resolve_rollout(RolloutConfig(backend="local", model="sft_short"), str(wh.home))
     other = RolloutConfig(backend="local", model="/some/path")
     assert resolve_rollout(other, str(wh.home)) is other
 
 
-def test_a_small_model_sft_trained_on_judge_examples_answers_in_the_verdict_format(wh):
-    """The real DeepSpeed SFT path, a small hybrid model: >= 90% of its verdicts parse."""
+def test_the_judge_stage_trains_a_small_model_that_answers_in_the_verdict_format(wh):
+    """The judge stage on the real DeepSpeed SFT path, a small hybrid model from its base on
+    judge_data only: >= 90% of its verdicts parse."""
     from transformers import AutoTokenizer
 
     from data_specs import get_spec
@@ -196,14 +206,14 @@ def test_a_small_model_sft_trained_on_judge_examples_answers_in_the_verdict_form
                       engine={"zero_stage": 2, "precision": "fp32", "micro_batch_size": 8},
                       data={"judge_examples_per_task": 20, "judge_pairwise_share": 0.5,
                             "rl_requires_difficulty": False},
-                      sft_short={"steps": 150, "checkpoint_every": 150, "max_tokens": 1024},
-                      sft_long={"steps": 1, "min_tokens": 1025, "max_tokens": 2048})
+                      judge={"steps": 150, "checkpoint_every": 150, "max_tokens": 1024})
     base = prepare_base_model(wh, cfg.base_model, small)
     refs, _ = write_training_tables(wh, cfg, AutoTokenizer.from_pretrained(base))
-    sft = wh.read("sft_data")
-    assert sft.filter(pl.col("domain") == JUDGE_DOMAIN).height == 20 * len(TASKS)
-    job = StageJob(stage="sft_short", home=str(wh.home), run_name="judge", profile="test", init_model=str(base),
-                   data_ref=str(refs["sft_data"]), config=cfg.model_dump(), fingerprint="judge")
+    judge_data = wh.read("judge_data")
+    assert judge_data.height == 20 * len(TASKS) and set(judge_data["stage"]) == {"judge"}
+    assert not wh.read("sft_data").filter(pl.col("domain") == JUDGE_DOMAIN).height
+    job = StageJob(stage="judge", home=str(wh.home), run_name="judge", profile="test", init_model=str(base),
+                   data_ref=refs["judge_data"], config=cfg.model_dump(), fingerprint="judge")
     result = execute_stage(job)
     spec = get_spec("judge_benchmark")
     items = synthetic_benchmark_items(TASKS, 4, [0], 0, {r["id"] for r in rows}, kinds=("pairwise", "grade"))

@@ -23,7 +23,7 @@ from tasks.rollout.base import Completion
 from tasks.train.config import GenRMRewardConfig
 from tasks.train.genrm_reward import DomainReward, RewardCounters
 
-_ANSWERS = re.compile(r"\[Answer 1\]\n(.*?)\n\n\[Answer 2\]\n(.*?)\n\nDecide", re.DOTALL)
+_ANSWERS = re.compile(r"\[Answer 1\]\n(.*?)\n\n\[Answer 2\]\n(.*)\Z", re.DOTALL)
 REFERENCE = "The reference answer."
 PROMPTS = 8
 CFG = GenRMRewardConfig(judge={"consistency": {"blind_samples": 1}})

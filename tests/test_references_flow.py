@@ -38,8 +38,10 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture
 def seeded_home(wh, home, tiny_model_dir, tmp_path, monkeypatch):
-    # the profile names the model "tiny-llama": place the shared build where that alias looks
+    # a random tiny Llama judges here (the profile's judge stage is the default run's to train):
+    # place the shared build where that alias looks
     shutil.copytree(tiny_model_dir, home / "models" / TINY_LLAMA_NAME)
+    monkeypatch.setenv("POSTTRAIN__REFERENCES__JUDGE__ROLLOUT__MODEL", TINY_LLAMA_NAME)
     # held-out synthetic judge items are the default run's to measure (test_pipeline_e2e)
     monkeypatch.setenv("POSTTRAIN__REFERENCES__VALIDATION__SYNTHETIC_ITEMS", "0")
     wh.write("prompts", pl.DataFrame(prompt_rows()))

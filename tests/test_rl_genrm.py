@@ -30,7 +30,7 @@ from tasks.train.genrm_reward import (
 from tasks.train.rl import train_rl
 from tasks.train.harness import StageHarness, StageJob
 
-_ANSWERS = re.compile(r"\[Answer 1\]\n(.*?)\n\n\[Answer 2\]\n(.*?)\n\nDecide", re.DOTALL)
+_ANSWERS = re.compile(r"\[Answer 1\]\n(.*?)\n\n\[Answer 2\]\n(.*)\Z", re.DOTALL)
 
 
 class ScriptedJudgeBackend:

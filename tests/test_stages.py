@@ -116,6 +116,7 @@ def test_recording_tables_sees_reads_and_writes_of_prefect_tasks(wh):
     with recording_tables() as use:
         ref = two_tasks()
     assert use.read == {"notes"} and use.written == [ref]
+    assert use.snapshots == {"notes": wh.history("notes")["snapshot"][0]}   # the snapshot it read
 
 
 def _stage_run(wh, stage: str, inputs: list[str], outputs: dict[str, list[str]]) -> None:
@@ -141,6 +142,11 @@ def test_a_read_table_counts_as_changed_only_when_an_earlier_stage_or_new_data_r
     # and so is a pool a re-run of curate (an earlier stage) rewrote
     _stage_run(wh, "difficulty", [], {"samples": [str(wh.latest("samples"))]})
     assert changed_reads(wh, "dpo_short", previous) == []
+    # the judge stage runs beside the policy stages: its model row does not make sft_short run again
+    models = wh.write("models_seen", pl.DataFrame({"x": [1]}))
+    _stage_run(wh, "sft_short", ["models_seen@" + models.snapshot], {})
+    _stage_run(wh, "judge", [], {"models_seen": [str(wh.append("models_seen", pl.DataFrame({"x": [2]})))]})
+    assert changed_reads(wh, "sft_short", last_stage_run(wh, "sft_short")) == []
     newer_pool = wh.write("pool", pl.DataFrame({"x": [3]}))
     _stage_run(wh, "curate", [], {"pool": [str(newer_pool)]})
     assert changed_reads(wh, "dpo_short", previous) == ["pool"]
@@ -165,14 +171,58 @@ def test_independent_stages_run_side_by_side_and_a_failure_stops_only_what_depen
             raise ValueError("boom")
         return name
 
-    graph = {n: Stage(n, lambda profile, home: {}, after=deps)
+    graph = {n: Stage(n, lambda profile, home, refs: {}, after=deps)
              for n, deps in [("a", ()), ("b", ()), ("c", ("a",)), ("d", ("c",)), ("e", ("b",))]}
 
     @flow
     def graph_flow():
-        return run_graph(graph, list(graph), lambda name, upstream: stage.submit(name, wait_for=upstream))
+        return run_graph(graph, list(graph), lambda name, upstream, _results: stage.submit(name, wait_for=upstream))
 
     results, problems = graph_flow()
     assert results == {"a": "a", "b": "b", "e": "e"}
     assert problems["c"].startswith("failed: ValueError") and problems["d"] == "not run: c did not finish"
     assert "d" not in ran
+
+
+def test_stages_hand_over_what_they_wrote_and_a_reused_stage_what_it_wrote_then(wh, monkeypatch):
+    """A stage runs on the refs its upstream stages handed over and passes them on with its own
+    writes; a reused stage hands over its recorded outputs, unless new data came from outside."""
+    import flows.pipeline as pipeline
+    from flows.pipeline import Stage, handed_over, stage_task
+
+    pool = wh.write("pool", pl.DataFrame({"x": [1]}))
+    seen = {}
+
+    def run(profile, home, refs):
+        seen["refs"] = refs
+        return {"mlflow_run_id": None, "out": str(wh.write("made", wh.read("pool", refs["pool"].snapshot)))}
+
+    monkeypatch.setitem(pipeline.STAGES, "curate", Stage("curate", run))
+    first = stage_task.fn("curate", "tiny", str(wh.home), False, {"pool": pool})
+    made = wh.latest("made")
+    assert seen["refs"] == {"pool": pool} and first["table_refs"] == {"pool": pool, "made": made}
+    # unchanged: skipped, and it hands over the snapshot it wrote, not the table's newest
+    later = wh.write("made", pl.DataFrame({"x": [9]}))
+    pipeline.record_stage_run(wh, Stage("difficulty", run), "k", pipeline.TableUse(written=[later]), "c", {}, 0.0)
+    again = stage_task.fn("curate", "tiny", str(wh.home), False, {"pool": pool})
+    assert again["skipped"] and again["table_refs"]["made"] == made
+    # a snapshot written outside the pipeline since is new data: the next stages get it
+    outside = wh.append("made", pl.DataFrame({"x": [5]}))
+    assert stage_task.fn("curate", "tiny", str(wh.home), False, {"pool": pool})["table_refs"]["made"] == outside
+    # two branches holding different snapshots of one table: the one committed last is handed on
+    assert handed_over(wh, [{"made": made, "pool": pool}, {"made": later}]) == {"made": later, "pool": pool}
+    assert handed_over(wh, [{"made": outside}, {"made": made}])["made"] == outside
+
+
+def test_training_tables_are_built_from_the_snapshots_handed_over(wh):
+    """What the train flow does with the refs the pipeline hands over: each table is built from
+    those of its sources (a snapshot written after the hand-over is not read)."""
+    from tasks.train.config import TrainConfig
+    from tasks.train.data import write_training_tables
+
+    handed = _synthetic(wh)
+    _synthetic(wh, per_task=8)                    # newer, written after the hand-over
+    cfg = TrainConfig(data={"rl_requires_difficulty": False})
+    refs, _ = write_training_tables(wh, cfg, _Tokenizer(), ["rl_prompts"], sources={"synthetic_tasks": handed})
+    parents = {e["parent"] for e in wh.lineage("rl_prompts") if e["child"] == str(refs["rl_prompts"])}
+    assert parents == {str(handed)}

@@ -1,4 +1,5 @@
-"""End to end: train_flow runs all five stages on the tiny profile (CPU, DeepSpeed in process)."""
+"""End to end: train_flow runs every stage on the tiny profile (CPU, DeepSpeed in process): the
+judge, then the five policy stages, RL's GenRM judging with the judge stage's model."""
 import json
 
 import polars as pl
@@ -14,7 +15,8 @@ SHORT_SCHEDULE = {
     "POSTTRAIN__TRAIN__SFT_SHORT__STEPS": "12", "POSTTRAIN__TRAIN__SFT_SHORT__CHECKPOINT_EVERY": "6",
     "POSTTRAIN__TRAIN__SFT_LONG__STEPS": "8", "POSTTRAIN__TRAIN__SFT_LONG__CHECKPOINT_EVERY": "4",
     "POSTTRAIN__TRAIN__DPO_SHORT__STEPS": "6", "POSTTRAIN__TRAIN__RL__STEPS": "6",
-    "POSTTRAIN__TRAIN__RL__CHECKPOINT_EVERY": "3",
+    "POSTTRAIN__TRAIN__RL__CHECKPOINT_EVERY": "3", "POSTTRAIN__TRAIN__JUDGE__STEPS": "6",
+    "POSTTRAIN__TRAIN__JUDGE__CHECKPOINT_EVERY": "3",
 }
 
 
@@ -35,7 +37,7 @@ def test_train_flow_runs_every_stage_with_child_runs_and_lineage(home, wh, monke
         monkeypatch.setenv(key, value)
     synth = seed_synthetic_tasks(wh)
     res = train_flow(profile="tiny", home=str(home))
-    stages = ["sft_short", "sft_long", "dpo_short", "dpo_long", "rl"]
+    stages = ["judge", "sft_short", "sft_long", "dpo_short", "dpo_long", "rl"]
     assert list(res["stages"]) == stages
 
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
@@ -56,7 +58,7 @@ def test_train_flow_runs_every_stage_with_child_runs_and_lineage(home, wh, monke
         assert len(history) >= 2                       # a curve, not a point
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert {"plots", "model", stage} <= artifacts  # curves, weights, ds_config
-        assert any(d.dataset.name.startswith(("sft_data@", "dpo_pairs@", "rl_prompts@"))
+        assert any(d.dataset.name.startswith(("judge_data@", "sft_data@", "dpo_pairs@", "rl_prompts@"))
                    for d in run.inputs.dataset_inputs)
     rl_metrics = by_stage["rl"].data.metrics
     assert {"rl.window", "rl.generation_perplexity", "rl.response_length_p99", "rl.groups_sampled"} <= set(rl_metrics)
@@ -66,8 +68,10 @@ def test_train_flow_runs_every_stage_with_child_runs_and_lineage(home, wh, monke
     models = wh.read("models")
     assert models["stage"].to_list() == stages
     lineage = {e["parent"].split("@")[0] for e in wh.lineage("models")}
-    assert {"sft_data", "dpo_pairs", "rl_prompts", "synthetic_tasks"} <= lineage
-    assert json.loads(models["data_snapshots"][0])[0].startswith("sft_data@")
+    assert {"judge_data", "sft_data", "dpo_pairs", "rl_prompts", "synthetic_tasks"} <= lineage
+    assert json.loads(models["data_snapshots"][1])[0].startswith("sft_data@")
+    # the judge starts from the base model, and no policy stage starts from the judge
+    assert models["init_model"][0] == res["base_model"] and models["path"][0] not in models["init_model"].to_list()
     # the RL stage's rollouts landed in its own table, each with the policy version that sampled it
     rollouts = wh.read("rl_rollouts")
     assert rollouts.height > 0 and set(rollouts["source_table"]) == {"rl_prompts"}

@@ -136,6 +136,7 @@ class Warehouse:
             rows = self._rows("SELECT * FROM snapshots WHERE name = ? AND snapshot = ?", [name, snapshot])
             if not rows:
                 raise KeyError(f"table {name!r} has no snapshot {snapshot!r}")
+        _note_read(name, rows[0]["snapshot"])
         return rows[0]
 
     @staticmethod
@@ -225,6 +226,10 @@ class Warehouse:
         validate_name(name)
         _note_read(name)   # asking is reading: the answer shapes what the caller does
         return bool(self._rows("SELECT 1 FROM snapshots WHERE name = ? LIMIT 1", [name]))
+
+    def ref(self, name: str, snapshot: str) -> TableRef:
+        """The reference of one snapshot (rows and content hash from the catalog)."""
+        return self._ref(self._snapshot_row(name, snapshot))
 
     def latest(self, name: str) -> TableRef | None:
         try:
@@ -358,16 +363,19 @@ def _current_flow_run_id() -> str | None:
 
 
 # Which tables a block of code consults and writes (``recording_tables``): every snapshot
-# lookup, read, scan or existence check notes the table's name and every write the snapshot
-# it made, so a builder can be held to the sources it declares and the pipeline can key a
-# stage's cache on what it actually read.
+# lookup, read, scan or existence check notes the table's name (and a lookup the snapshot it
+# resolved) and every write the snapshot it made, so a builder can be held to the sources it
+# declares and the pipeline can key a stage's cache on the snapshots it actually read.
 @dataclass
 class TableUse:
     read: set[str] = field(default_factory=set)
+    snapshots: dict[str, str] = field(default_factory=dict)   # table -> the first snapshot read
     written: list[TableRef] = field(default_factory=list)
 
     def merge(self, other: TableUse) -> None:
         self.read |= other.read
+        for name, snapshot in other.snapshots.items():
+            self.snapshots.setdefault(name, snapshot)
         self.written += other.written
 
 
@@ -389,10 +397,12 @@ def recording_tables() -> Iterator[TableUse]:
             outer.merge(use)
 
 
-def _note_read(name: str) -> None:
+def _note_read(name: str, snapshot: str | None = None) -> None:
     use = _USE.get()
     if use is not None:
         use.read.add(name)
+        if snapshot is not None:
+            use.snapshots.setdefault(name, snapshot)
 
 
 def _note_write(ref: TableRef) -> None:

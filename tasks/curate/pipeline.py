@@ -204,8 +204,12 @@ def _run_directly(name: str, fn: Callable[[], T]) -> T:
 
 
 def run_curate(wh: Warehouse, cfg: CurateConfig | None = None, *, run_id: str | None = None,
-               mapper=None, step: Callable[[str, Callable[[], T]], T] | None = None) -> CurateResult:
+               mapper=None, step: Callable[[str, Callable[[], T]], T] | None = None,
+               sources: dict[str, TableRef] | None = None) -> CurateResult:
     """Curate the prompts no earlier run has seen; write pools, decisions and reusable state.
+
+    ``sources``: the ``prompts`` and ``benchmarks`` snapshots to curate against (the pipeline
+    hands over what ingest wrote); one not given is read at its newest.
 
     ``step(name, fn)`` runs each block (``filter``, ``exact``, ``minhash``, ``semantic``,
     ``keep``, ``decontaminate``, ``split``); the curate flow passes one that makes each a
@@ -219,11 +223,12 @@ def run_curate(wh: Warehouse, cfg: CurateConfig | None = None, *, run_id: str | 
     # pools made with other (or unknown) settings: every prompt is curated again under these
     from_scratch = any(wh.exists(t) for t in POOL_TABLES.values()) and pool_settings(wh) != settings
     old = get_spec("sft_pool").empty() if from_scratch else _old_pools(wh)
-    prompts = wh.read("prompts", default_empty=True)
+    inputs = {name: (sources or {}).get(name) or wh.latest(name) for name in ("prompts", "benchmarks")}
+    prompts = _read_input(wh, inputs, "prompts")
     new = prompts if from_scratch else prompts.filter(~pl.col("id").is_in(_processed_ids(wh, old).implode()))
     new = new.unique("id", keep="first", maintain_order=True)
     checked = wh.read("decontam_benchmarks", default_empty=True).select("benchmark", "item_id", "text_hash")
-    blocks, stores = curate_blocks(wh, cfg, mapper, wh.read("benchmarks", default_empty=True), checked)
+    blocks, stores = curate_blocks(wh, cfg, mapper, _read_input(wh, inputs, "benchmarks"), checked)
     state = CurationState(run_id, new, old, cfg)
 
     def run_block(block: Block) -> Callable[[], BlockResult]:
@@ -233,7 +238,8 @@ def run_curate(wh: Warehouse, cfg: CurateConfig | None = None, *, run_id: str | 
     split: SplitResult = results["split"]
     decontam: DecontamResult = results["decontaminate"]
     state.check_every_row(split.pool)
-    refs = _write(wh, state, stores, split, decontam.checked_items, from_scratch, settings)
+    refs = _write(wh, state, stores, split, decontam.checked_items, from_scratch, settings,
+                  [r for r in inputs.values() if r is not None])
     counters = {
         "rows_new": new.height, "rows_old_pool": old.height, "from_scratch": float(from_scratch),
         "hashed": state.counters["hashed"], "encoded": state.counters["encoded"],
@@ -246,10 +252,15 @@ def run_curate(wh: Warehouse, cfg: CurateConfig | None = None, *, run_id: str | 
     return CurateResult(run_id, state.stages, refs, counters, state.similarities)
 
 
+def _read_input(wh: Warehouse, inputs: dict[str, TableRef | None], name: str) -> pl.DataFrame:
+    ref = inputs[name]
+    return get_spec(name).empty() if ref is None else wh.read(name, ref.snapshot)
+
+
 def _write(wh: Warehouse, state: CurationState, stores: list, split: SplitResult, checked_items: pl.DataFrame,
-           from_scratch: bool, settings: str) -> dict[str, TableRef]:
-    """Stored signatures and embeddings, the pools (when anything changed), decisions, checked items."""
-    parents = [r for r in (wh.latest("prompts"), wh.latest("benchmarks")) if r is not None]
+           from_scratch: bool, settings: str, parents: list[TableRef]) -> dict[str, TableRef]:
+    """Stored signatures and embeddings, the pools (when anything changed), decisions, checked items;
+    ``parents``: the prompts and benchmarks snapshots curated."""
     run_id = state.log.run_id
     refs: dict[str, TableRef] = {}
     for store in stores:

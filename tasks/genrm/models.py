@@ -5,6 +5,8 @@
   newest pre-RL row of the home's ``models`` table. A policy SFT-trained on the verdict
   format (``tasks.train.judge_data``) is then its own GenRM judge, as in MiniMax-M1 where
   the reward model is trained from the policy's own lineage.
+- a training stage's name (``"judge"``): the newest model that stage produced in the home;
+  the judge stage trains one on verdicts from SFT-side synthetic instances.
 - ``"tiny-llama"``: the cached random tiny Llama under the home's ``models`` directory.
 - anything else: passed on (another alias or a path, resolved by ``make_backend``).
 
@@ -20,13 +22,15 @@ from tasks.rollout.config import RolloutConfig
 
 def resolve_model_name(model: str, home: str | Path | None) -> str:
     """A concrete model path for the home-relative aliases; other names unchanged."""
+    from data_specs.stages import STAGE_NAMES
     from tasks.rollout.tiny_model import TINY_LLAMA_NAME, tiny_llama_path
-    from tasks.train.models import POLICY_MODEL, rl_start_model
+    from tasks.train.models import POLICY_MODEL, rl_start_model, stage_model
+    from warehouse import Warehouse
 
     if model == POLICY_MODEL:
-        from warehouse import Warehouse
-
         return rl_start_model(Warehouse(home))
+    if model in STAGE_NAMES:
+        return stage_model(Warehouse(home), model)
     if model == TINY_LLAMA_NAME:
         return str(tiny_llama_path(home))
     return model

@@ -2,10 +2,23 @@
 
 Both ask for reasoning first and a bracketed verdict last (``[[4]]``, ``[[-1]]``): the
 brackets make the verdict easy to find in free text and hard to produce by accident.
+
+The instructions come first and the texts to compare last, right before the judge's turn:
+a small judge trained from scratch then has the answers it compares a few tokens from its
+verdict (measured on the tiny shape: held-out grade accuracy 0.76 after 400 steps with
+this order, 0.50 with the instructions between the answers and the verdict).
 """
 from __future__ import annotations
 
 GRADE_TEMPLATE = """You are grading a response against the ground-truth answer of a problem.
+Judge only whether the response's final answer is consistent with the ground truth.
+Use this five-grade scale:
+5 - fully consistent: same final answer, stated clearly
+4 - consistent final answer, minor presentation issues
+3 - partially consistent: incomplete, or correct only up to a small slip
+2 - mostly inconsistent: wrong final answer with some correct steps
+1 - inconsistent, missing or off-topic
+Explain briefly, then end with the grade in double brackets, e.g. [[5]].
 
 [Problem]
 {question}
@@ -14,18 +27,13 @@ GRADE_TEMPLATE = """You are grading a response against the ground-truth answer o
 {ground_truth}
 
 [Response]
-{response}
-
-Judge only whether the response's final answer is consistent with the ground truth.
-Use this five-grade scale:
-5 - fully consistent: same final answer, stated clearly
-4 - consistent final answer, minor presentation issues
-3 - partially consistent: incomplete, or correct only up to a small slip
-2 - mostly inconsistent: wrong final answer with some correct steps
-1 - inconsistent, missing or off-topic
-Explain briefly, then end with the grade in double brackets, e.g. [[5]]."""
+{response}"""
 
 PAIRWISE_TEMPLATE = """You are comparing two answers to the same request.
+Decide whether Answer 2 is worse than, similar to, or better than Answer 1 in
+helpfulness, correctness and how well it follows the request.
+Explain briefly, then end with exactly one verdict in double brackets:
+[[-1]] if Answer 2 is worse, [[0]] if they are similar, [[1]] if Answer 2 is better.
 
 [Request]
 {question}
@@ -34,12 +42,7 @@ PAIRWISE_TEMPLATE = """You are comparing two answers to the same request.
 {first}
 
 [Answer 2]
-{second}
-
-Decide whether Answer 2 is worse than, similar to, or better than Answer 1 in
-helpfulness, correctness and how well it follows the request.
-Explain briefly, then end with exactly one verdict in double brackets:
-[[-1]] if Answer 2 is worse, [[0]] if they are similar, [[1]] if Answer 2 is better."""
+{second}"""
 
 
 def clip(text: str | None, max_chars: int) -> str:

@@ -137,13 +137,15 @@ def _user_prompt(item: str | dict, report: ReferencesReport) -> OpenPrompt:
 
 
 def select_open_prompts(wh: Warehouse, selection: PromptSelection, extra: Sequence[str | dict] | None,
-                        report: ReferencesReport) -> list[OpenPrompt]:
-    """Rows of the first table in ``selection.tables`` with open-domain rows, plus ``extra``."""
+                        report: ReferencesReport, sources: dict[str, TableRef] | None = None) -> list[OpenPrompt]:
+    """Rows of the first table in ``selection.tables`` with open-domain rows (at its snapshot in
+    ``sources``, else its newest), plus ``extra``."""
     chosen: list[OpenPrompt] = []
     for table in selection.tables:
-        if not wh.exists(table):
+        ref = (sources or {}).get(table) or wh.latest(table)
+        if ref is None:
             continue
-        df = wh.read(table)
+        df = wh.read(table, ref.snapshot)
         if not {"id", "prompt", "domain"} <= set(df.columns):
             log.warning("table %s lacks id/prompt/domain columns; skipped", table)
             continue
@@ -152,6 +154,7 @@ def select_open_prompts(wh: Warehouse, selection: PromptSelection, extra: Sequen
             if selection.max_prompts is not None:
                 rows = rows.head(selection.max_prompts)
             chosen = [_row_prompt(r, table, report) for r in rows.iter_rows(named=True)]
+            report.inputs = [ref]
             break
     seen = {p.prompt_id for p in chosen}
     for item in extra or []:
@@ -330,15 +333,17 @@ def tournament_rows(played: _Played, prompts: list[OpenPrompt], candidates: dict
 
 def run_references(wh: Warehouse, cfg: ReferencesConfig, judge_backend: Any,
                    candidate_backends: dict[str, RolloutBackend] | None = None,
-                   prompts: Sequence[str | dict] | None = None, run_id: str | None = None) -> ReferencesReport:
-    """Pick and store a reference answer per open prompt.
+                   prompts: Sequence[str | dict] | None = None, run_id: str | None = None,
+                   sources: dict[str, TableRef] | None = None) -> ReferencesReport:
+    """Pick and store a reference answer per open prompt (from the prompt tables' snapshots in
+    ``sources``, else their newest).
 
     ``judge_backend``: a RolloutBackend (wrapped in a GenRMJudge) or any object with a
     ``compare(list[PairRequest]) -> list[PairDecision]`` method.
     """
     report = ReferencesReport()
     judge = as_judge(judge_backend, cfg)
-    open_prompts = select_open_prompts(wh, cfg.prompts, prompts, report)
+    open_prompts = select_open_prompts(wh, cfg.prompts, prompts, report, sources)
     report.prompts = len(open_prompts)
     if not open_prompts:
         log.warning("references: no open prompts in %s (domains %s) and none passed",
@@ -349,8 +354,6 @@ def run_references(wh: Warehouse, cfg: ReferencesConfig, judge_backend: Any,
     report.no_candidates = sum(1 for c in candidates.values() if not c)
     played = play_tournaments(open_prompts, candidates, judge, cfg, report)
     rows = tournament_rows(played, open_prompts, candidates, judge.model_name, run_id)
-    tables = sorted({p.source_table for p in open_prompts if p.source_table != USER_TABLE})
-    report.inputs = [r for r in (wh.latest(t) for t in tables) if r is not None]
     for name in ("judgments", "swiss_matches", "tournaments", "references"):
         report.refs[name] = wh.append(name, _frame(name, rows[name]), parents=report.inputs)
     report.references = len(rows["references"])

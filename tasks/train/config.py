@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from data_specs.stages import STAGE_NAMES, TRAIN_STAGES, TrainStage, train_stage
+from data_specs.stages import STAGE_NAMES, TRAIN_STAGES, TrainStage, stages_reading, train_stage
 from tasks.genrm.config import JudgeConfig, LengthBiasConfig
 
 STAGE_ORDER = STAGE_NAMES
@@ -210,9 +210,12 @@ class DataConfig(_Strict):
     rl_requires_difficulty: bool = Field(
         True, description="RL trains only on prompts a difficulty run kept; off: undecided prompts train too")
     judge_examples_per_task: int = Field(
-        0, ge=0, description="GenRM judge examples per SFT-side synthetic task added to sft_data (grade: gold or a "
-                             "rejected perturbation vs the ground truth; pairwise: gold vs perturbation); 0 = none. "
-                             "Drawn from every SFT-side instance, not capped by synthetic_per_task")
+        0, ge=0, description="GenRM judge examples per SFT-side synthetic task in judge_data, which the judge stage "
+                             "trains on (grade: gold or a rejected perturbation vs the ground truth; pairwise: gold vs "
+                             "perturbation); 0 = none, and no judge stage. Drawn from every SFT-side instance, not "
+                             "capped by synthetic_per_task")
+    judge_in_sft: bool = Field(
+        False, description="also add the judge examples to sft_data: the policy is then its own judge (`model: policy`)")
     judge_pairwise_share: float = Field(
         0.2, ge=0.0, le=1.0, description="share of the judge examples that are pairwise (the rest are grade)")
     judge_max_chars: int = Field(
@@ -236,10 +239,9 @@ class _TrainSettings(_Strict):
     def stage_lr(self, name: str) -> float:
         return self.stage(name).lr or self.optimizer.lr
 
-    def token_ranges(self, recipe: str) -> dict[str, tuple[int, int]]:
-        """Each of the recipe's stages -> its (min_tokens, max_tokens): how a builder splits rows."""
-        return {s.name: (self.stage(s.name).min_tokens, self.stage(s.name).max_tokens)
-                for s in TRAIN_STAGES if s.recipe == recipe}
+    def token_ranges(self, table: str) -> dict[str, tuple[int, int]]:
+        """Each stage training on ``table`` -> its (min_tokens, max_tokens): how a builder splits rows."""
+        return {name: (self.stage(name).min_tokens, self.stage(name).max_tokens) for name in stages_reading(table)}
 
 
 STAGE_CONFIG: dict[str, type[StageCommon]] = {"sft": SFTStageConfig, "dpo": DPOStageConfig, "rl": RLStageConfig}

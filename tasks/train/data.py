@@ -189,17 +189,22 @@ def side_rows(src: Sources, side: str, cfg: TrainConfig, refs: list[TableRef],
         refs.append(ref)
         for r in pool.iter_rows(named=True):
             out[str(r["id"])] = {**r, "_table": pool_name}
-    synth, sref = src.read("synthetic_tasks")
-    if sref is not None and not synth.is_empty():
-        if "split" not in synth.columns:
-            raise ValueError(f"{sref} has no 'split' column (written before synthetic instances had a side): "
-                             "re-run `posttrain synthesize`")
-        refs.append(sref)
-        mine = synth.filter(pl.col("split") == side)
-        mine = _cap_per_task(mine, cfg.data.synthetic_per_task) if cap else mine
-        for r in mine.iter_rows(named=True):
-            out.setdefault(r["id"], {**r, "_table": "synthetic_tasks"})
+    for pid, r in synthetic_side(src, side, cfg.data.synthetic_per_task if cap else None, refs).items():
+        out.setdefault(pid, r)
     return out
+
+
+def synthetic_side(src: Sources, side: str, cap: int | None, refs: list[TableRef]) -> dict[str, dict]:
+    """The synthetic instances assigned to ``side`` by id (at most ``cap`` per task)."""
+    synth, sref = src.read("synthetic_tasks")
+    if sref is None or synth.is_empty():
+        return {}
+    if "split" not in synth.columns:
+        raise ValueError(f"{sref} has no 'split' column (written before synthetic instances had a side): "
+                         "re-run `posttrain synthesize`")
+    refs.append(sref)
+    mine = _cap_per_task(synth.filter(pl.col("split") == side), cap)
+    return {r["id"]: {**r, "_table": "synthetic_tasks"} for r in mine.iter_rows(named=True)}
 
 
 def sft_source_rows(src: Sources, cfg: TrainConfig) -> tuple[list[dict], list[TableRef]]:
@@ -212,14 +217,18 @@ def sft_source_rows(src: Sources, cfg: TrainConfig) -> tuple[list[dict], list[Ta
         if response:
             rows.append({"source_table": r["_table"], "source_id": pid, "domain": r.get("domain") or "general",
                          "prompt": r.get("prompt") or "", "response": response})
-    if cfg.data.judge_examples_per_task:  # the GenRM judge's jobs, on SFT-side instances
-        from tasks.train.judge_data import judge_sft_rows
-
-        # the policy's own answer rows stay capped; the judge draws on every SFT-side instance
-        judge_side = side_rows(src, "sft", cfg, [], cap=False)
-        rows += judge_sft_rows(judge_side, cfg.data.judge_examples_per_task, cfg.seed,
-                               cfg.data.judge_pairwise_share, cfg.data.judge_max_chars)
+    if cfg.data.judge_in_sft:  # the policy learns the GenRM judge's jobs too
+        rows += judge_rows(src, cfg, [])
     return rows, refs
+
+
+def judge_rows(src: Sources, cfg: TrainConfig, refs: list[TableRef]) -> list[dict]:
+    """The GenRM judge's examples on SFT-side synthetic instances (every one, not capped like
+    the policy's own answer rows)."""
+    from tasks.train.judge_data import judge_sft_rows
+
+    return judge_sft_rows(synthetic_side(src, "sft", None, refs), cfg.data.judge_examples_per_task, cfg.seed,
+                          cfg.data.judge_pairwise_share, cfg.data.judge_max_chars)
 
 
 def _cap_per_stage(rows: list[dict], cap: int, report: BuildReport) -> list[dict]:
@@ -238,7 +247,21 @@ def _cap_per_stage(rows: list[dict], cap: int, report: BuildReport) -> list[dict
 def build_sft_data(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
     """The ``sft_data`` frame: each example assigned to sft_short or sft_long by token length."""
     rows, refs = sft_source_rows(src, cfg)
-    ranges = cfg.token_ranges("sft")
+    return _sft_frame(rows, refs, src.table, cfg, tokenizer)
+
+
+def build_judge_data(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
+    """The ``judge_data`` frame: the judge stage's examples (none unless the profile asks)."""
+    refs: list[TableRef] = []
+    rows = judge_rows(src, cfg, refs) if cfg.data.judge_examples_per_task else []
+    return _sft_frame(rows, refs, src.table, cfg, tokenizer)
+
+
+def _sft_frame(rows: list[dict], refs: list[TableRef], table: str, cfg: TrainConfig,
+               tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
+    """Prompt/response rows as a table of SFT examples, each assigned by its token length to
+    the stage of ``table`` whose range holds it."""
+    ranges = cfg.token_ranges(table)
     report, out = BuildReport(seen=len(rows)), []
     for r in rows:
         if not r["prompt"].strip() or not r["response"].strip():
@@ -320,7 +343,7 @@ def build_dpo_pairs(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataF
     refs += [rref] if rref is not None else []
     chosen = _chosen_candidates(src, rollouts, prompts, refs)
     rejected = _rejected_candidates(rollouts)
-    ranges = cfg.token_ranges("dpo")
+    ranges = cfg.token_ranges(src.table)
     report, out = BuildReport(seen=len(chosen)), []
     for pid, (good, good_source) in chosen.items():
         row = prompts.get(pid)
@@ -413,6 +436,7 @@ BUILDERS: dict[str, Callable[[Sources, TrainConfig, object], tuple[pl.DataFrame,
     "sft_data": build_sft_data,
     "dpo_pairs": build_dpo_pairs,
     "rl_prompts": lambda src, cfg, tokenizer: build_rl_prompts(src, cfg),
+    "judge_data": build_judge_data,
 }
 
 
@@ -453,12 +477,18 @@ def _snapshot_note(wh: Warehouse, ref: TableRef) -> dict:
 
 
 def write_training_tables(wh: Warehouse, cfg: TrainConfig, tokenizer, tables: Sequence[str] | None = None,
+                          sources: dict[str, TableRef] | None = None,
                           ) -> tuple[dict[str, TableRef], dict[str, BuildReport]]:
-    """Build the named training tables (all by default) and write those that changed."""
+    """Build the named training tables (all by default) and write those that changed.
+
+    ``sources``: snapshots handed over by earlier stages; each table is built from those of
+    its declared sources, and a declared source not among them is looked up at its newest."""
     refs: dict[str, TableRef] = {}
     reports: dict[str, BuildReport] = {}
     for name in tables if tables is not None else TRAINING_TABLES:
-        ref, report = build_table(wh, name, cfg, tokenizer)
+        pinned = None if sources is None else {t: sources.get(t) or wh.latest(t)
+                                               for t in TRAINING_TABLES[name].sources}
+        ref, report = build_table(wh, name, cfg, tokenizer, pinned)
         if report is not None:
             reports[name] = report
         if ref is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import polars as pl
 from mlflow.tracking import MlflowClient
 
+from data_specs.stages import STAGE_NAMES, earlier_stages
 from tasks import tracking
 from warehouse import TableRef, Warehouse
 
@@ -57,9 +58,19 @@ def _prod(shape) -> int:
 POLICY_MODEL = "policy"
 
 
+def stage_model(wh: Warehouse, stage: str) -> str:
+    """The newest model a training stage produced in this home (``model: judge`` in a profile)."""
+    models = wh.read("models", default_empty=True).filter(pl.col("stage") == stage)
+    if models.is_empty():
+        raise LookupError(f"model {stage!r}: the `models` table of {wh.home} has no model of stage {stage!r}; "
+                          f"train it first (`posttrain train --stage {stage}`) or name a model")
+    return str(models["path"][-1])
+
+
 def rl_start_model(wh: Warehouse) -> str:
-    """The model the RL stage starts from: the newest ``models`` row of a stage before RL."""
-    models = wh.read("models", default_empty=True).filter(pl.col("stage") != "rl")
+    """The model the RL stage starts from: the newest ``models`` row of a policy stage before RL."""
+    before_rl = earlier_stages(STAGE_NAMES[-1])
+    models = wh.read("models", default_empty=True).filter(pl.col("stage").is_in(before_rl))
     if models.is_empty():
         raise LookupError(f"model {POLICY_MODEL!r}: no trained pre-RL stage in the `models` table of {wh.home}; "
                           "run the SFT/DPO stages first or name a model")
