@@ -89,11 +89,6 @@ def stages_reading(table: str) -> tuple[str, ...]:
     return tuple(s.name for s in TRAIN_STAGES if s.table == table)
 
 
-def policy_stages() -> tuple[str, ...]:
-    """The stages of the policy's lineage: the last stage and every stage it follows, in order."""
-    return (*reversed(earlier_stages(STAGE_NAMES[-1])), STAGE_NAMES[-1])
-
-
 def earlier_stages(name: str) -> tuple[str, ...]:
     """The chain of stages ``name`` builds on, nearest first (through ``follows``)."""
     out, prev = [], train_stage(name).follows

@@ -8,6 +8,7 @@ from flows.common import flow_context, flow_logger, report_progress
 from tasks import tracking
 from tasks.curate import CurateConfig, run_curate
 from tasks.curate.parallel import DaskMapper, LocalMapper
+from tasks.curate.pipeline import CURATED_INPUTS
 from tasks.curate.report import log_curate
 from warehouse import TableRef, Warehouse
 
@@ -45,13 +46,12 @@ def curate_flow(profile: str = "tiny", home: str | None = None, dask_processes: 
     report_progress("curate", "start")
     with flow_context("curate", profile, home, {"dask_processes": dask_processes}, sections=("curate",)) as ctx:
         cfg = ctx.profile.section("curate", CurateConfig)
-        for name in ("prompts", "benchmarks"):
-            ref = (sources or {}).get(name) or ctx.wh.latest(name)
-            if ref is not None:
-                tracking.log_table(ref, context="input", run_id=ctx.run_id)
+        inputs = {name: ref for name in CURATED_INPUTS if (ref := ctx.wh.pinned(name, sources)) is not None}
+        for ref in inputs.values():
+            tracking.log_table(ref, context="input", run_id=ctx.run_id)
         core = ctx.profile.core
         result = curate_task(str(ctx.wh.home), cfg, ctx.run_id, core.task_runner, core.dask.model_dump(),
-                             dask_processes, sources)
+                             dask_processes, inputs)
         log_curate(result, {"minhash_candidate_jaccard": cfg.minhash.threshold,
                             "semantic_nearest_cosine": cfg.semantic.threshold,
                             "decontam_embedding_cosine": cfg.decontam.embedding_threshold}, run_id=ctx.run_id)

@@ -268,7 +268,7 @@ def run_difficulty(
     its newest); returns refs of the tables written."""
     params = cfg.sampling.params()
     limits = cfg.sandbox_limits()
-    inputs = [ref for ref in ((sources or {}).get(t) or wh.latest(t) for t in tables) if ref is not None]
+    inputs = [ref for ref in (wh.pinned(t, sources) for t in tables) if ref is not None]
     with stage_run(STAGE, params={"difficulty": cfg.model_dump(), "backend": backend.name,
                                     "model": getattr(backend, "model_name", backend.name)}) as mlflow_run:
         run_id = mlflow_run or current_run_id() or uuid.uuid4().hex

@@ -20,7 +20,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator, Literal, Sequence
+from typing import Iterator, Literal, Mapping, Sequence
 
 import duckdb
 import polars as pl
@@ -230,6 +230,11 @@ class Warehouse:
     def ref(self, name: str, snapshot: str) -> TableRef:
         """The reference of one snapshot (rows and content hash from the catalog)."""
         return self._ref(self._snapshot_row(name, snapshot))
+
+    def pinned(self, name: str, sources: Mapping[str, TableRef] | None) -> TableRef | None:
+        """The snapshot of ``name`` a caller was handed in ``sources`` (a pipeline stage gets those
+        its upstream stages wrote), else the table's newest (None: it does not exist)."""
+        return (sources or {}).get(name) or self.latest(name)
 
     def latest(self, name: str) -> TableRef | None:
         try:

@@ -223,7 +223,7 @@ def run_curate(wh: Warehouse, cfg: CurateConfig | None = None, *, run_id: str | 
     # pools made with other (or unknown) settings: every prompt is curated again under these
     from_scratch = any(wh.exists(t) for t in POOL_TABLES.values()) and pool_settings(wh) != settings
     old = get_spec("sft_pool").empty() if from_scratch else _old_pools(wh)
-    inputs = {name: (sources or {}).get(name) or wh.latest(name) for name in ("prompts", "benchmarks")}
+    inputs = {name: wh.pinned(name, sources) for name in CURATED_INPUTS}
     prompts = _read_input(wh, inputs, "prompts")
     new = prompts if from_scratch else prompts.filter(~pl.col("id").is_in(_processed_ids(wh, old).implode()))
     new = new.unique("id", keep="first", maintain_order=True)
@@ -250,6 +250,9 @@ def run_curate(wh: Warehouse, cfg: CurateConfig | None = None, *, run_id: str | 
     }
     counters |= {k: v for k, v in sorted(state.counters.items()) if k not in counters}
     return CurateResult(run_id, state.stages, refs, counters, state.similarities)
+
+
+CURATED_INPUTS = ("prompts", "benchmarks")   # the tables curate reads that other stages write
 
 
 def _read_input(wh: Warehouse, inputs: dict[str, TableRef | None], name: str) -> pl.DataFrame:

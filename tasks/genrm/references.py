@@ -142,7 +142,7 @@ def select_open_prompts(wh: Warehouse, selection: PromptSelection, extra: Sequen
     ``sources``, else its newest), plus ``extra``."""
     chosen: list[OpenPrompt] = []
     for table in selection.tables:
-        ref = (sources or {}).get(table) or wh.latest(table)
+        ref = wh.pinned(table, sources)
         if ref is None:
             continue
         df = wh.read(table, ref.snapshot)

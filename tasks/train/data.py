@@ -177,11 +177,10 @@ def _cap_per_task(df: pl.DataFrame, cap: int | None) -> pl.DataFrame:
     return df.sort("id").group_by("task", maintain_order=True).head(cap)
 
 
-def side_rows(src: Sources, side: str, cfg: TrainConfig, refs: list[TableRef],
-              cap: bool = True) -> dict[str, dict]:
+def side_rows(src: Sources, side: str, cfg: TrainConfig, refs: list[TableRef]) -> dict[str, dict]:
     """Every row one side may train on, by id: its curated pool, then the synthetic
-    instances assigned to it (at most ``data.synthetic_per_task`` per task unless ``cap``
-    is off). Never raw ``prompts``: curation chose the text that trains."""
+    instances assigned to it (at most ``data.synthetic_per_task`` per task). Never raw
+    ``prompts``: curation chose the text that trains."""
     pool_name = POOL_TABLES[side]
     out: dict[str, dict] = {}
     pool, ref = src.read(pool_name)
@@ -189,7 +188,7 @@ def side_rows(src: Sources, side: str, cfg: TrainConfig, refs: list[TableRef],
         refs.append(ref)
         for r in pool.iter_rows(named=True):
             out[str(r["id"])] = {**r, "_table": pool_name}
-    for pid, r in synthetic_side(src, side, cfg.data.synthetic_per_task if cap else None, refs).items():
+    for pid, r in synthetic_side(src, side, cfg.data.synthetic_per_task, refs).items():
         out.setdefault(pid, r)
     return out
 
@@ -486,8 +485,7 @@ def write_training_tables(wh: Warehouse, cfg: TrainConfig, tokenizer, tables: Se
     refs: dict[str, TableRef] = {}
     reports: dict[str, BuildReport] = {}
     for name in tables if tables is not None else TRAINING_TABLES:
-        pinned = None if sources is None else {t: sources.get(t) or wh.latest(t)
-                                               for t in TRAINING_TABLES[name].sources}
+        pinned = None if sources is None else {t: wh.pinned(t, sources) for t in TRAINING_TABLES[name].sources}
         ref, report = build_table(wh, name, cfg, tokenizer, pinned)
         if report is not None:
             reports[name] = report
