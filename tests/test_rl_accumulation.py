@@ -54,12 +54,13 @@ def rollout_tensors() -> tuple[dict, torch.Tensor]:
     return tensors, group_advantages(torch.tensor(REWARDS, dtype=torch.float32), GROUP_SIZE)
 
 
-def rl_harness(home, zero_stage: int, group_size: int = GROUP_SIZE) -> StageHarness:
+def rl_harness(home, zero_stage: int, group_size: int = GROUP_SIZE, updates: int = UPDATES,
+               epochs: int = 1) -> StageHarness:
     cfg = TrainConfig(optimizer={"lr": 1e-2},
                       engine={"zero_stage": zero_stage, "precision": "fp32", "micro_batch_size": 6,
                               "gradient_accumulation_steps": ACCUMULATION},
                       rl={"steps": 1, "prompts_per_step": GROUPS, "group_size": group_size,
-                          "updates_per_batch": UPDATES, "loss": "cispo"})
+                          "updates_per_batch": updates, "epochs_per_batch": epochs, "loss": "cispo"})
     return StageHarness(StageJob(stage="rl", home=str(home), run_name="accumulation", profile="test",
                                  # the update runs on tensors built here: no model path, no table read
                                  init_model="(in memory)", data_ref=TableRef("rl_prompts", "unused"),
@@ -181,3 +182,30 @@ def test_accumulation_that_does_not_divide_an_update_is_refused(run, tmp_path):
     with pytest.raises(ValueError, match="gradient_accumulation_steps=2"):
         _update(odd, engine, tensors, group_advantages(torch.tensor([1.0, 0, 0, 0, 1, 1]), 3), EPS_HIGH)
     assert engine.micro_steps == micro_steps                # refused before any backward
+
+
+def test_every_pass_over_the_batch_trains_against_the_sampling_policy(tmp_path):
+    """``epochs_per_batch`` 2 with one update per pass: two optimizer steps on the same rows, the
+    second one's behaviour log-probs still those of sampling time (not re-scored), so its ratio
+    leaves 1 on the very tokens the first pass trained and the clip acts there."""
+    h = rl_harness(tmp_path, 0, updates=1, epochs=2)
+    policy = tiny_policy()
+    reference = copy.deepcopy(policy)
+    engine = h.create_engine(policy)
+    real_steps = spy_on_real_steps(engine)
+    tensors, advantages = rollout_tensors()
+    logged = _update(h, engine, tensors, advantages, EPS_HIGH)
+    assert engine.global_steps == 2 and engine.micro_steps == 2 * ACCUMULATION
+    with torch.no_grad():
+        old_logp = token_logprobs(reference, tensors["input_ids"], tensors["attention_mask"], tensors["labels"])[0]
+    every_row = list(range(GROUPS * GROUP_SIZE))
+    (first, first_grad, _), (second, second_grad, _) = [
+        minibatch_loss_and_gradient(reference, s["weights"], every_row, tensors, old_logp, advantages, GROUP_SIZE)
+        for s in real_steps]
+    assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and first["clip_fraction"] == 0.0
+    assert second["approx_kl"] > 1e-3 and second["clip_fraction"] > 0.05, second
+    assert logged["last_epoch_clip_fraction"] == pytest.approx(second["clip_fraction"], abs=1e-6)
+    assert logged["clip_fraction"] == pytest.approx((first["clip_fraction"] + second["clip_fraction"]) / 2, abs=1e-6)
+    for step, truth in zip(real_steps, (first_grad, second_grad)):
+        for name, grad in truth.items():
+            torch.testing.assert_close(step["grads"][name], grad, rtol=1e-5, atol=1e-5)

@@ -151,6 +151,10 @@ class RLStageConfig(StageCommon):
     group_size: int = Field(16, ge=2)
     # M1: several off-policy updates per generation batch; each minibatch is one optimizer step
     updates_per_batch: int = Field(16, ge=1)
+    epochs_per_batch: int = Field(
+        1, ge=1, description="passes over each sampled batch (PPO epochs; GRPO's mu, TRL's num_iterations): "
+                             "every pass runs the updates_per_batch minibatches again against the behaviour log-probs "
+                             "of sampling time, so later passes are off-policy on the very tokens they train")
     rollout_engine: RolloutEngineConfig = Field(default_factory=RolloutEngineConfig)
     prefix_shared: bool = Field(True, description="encode each prompt once for its responses in a forward: same "
                                 "log-probs and gradients as re-encoding, fewer tokens (re-encodes where a model's cache can't)")

@@ -7,8 +7,9 @@ GenRM against the prompt's reference for general/instruction, one batched judge 
 sampling round) -> drop groups whose rewards are all equal (dynamic sampling) -> group
 advantages -> log-probs of the behaviour policy (with ``prefix_shared``, every forward encodes
 each distinct prompt once for all its responses) -> ``updates_per_batch`` optimizer steps
-over minibatches of groups (the first on-policy, the rest off-policy, which is where
-CISPO's clipped importance weight matters) -> gates of the length schedule -> the
+over minibatches of groups, all of them ``epochs_per_batch`` times (the first update
+on-policy, the rest off-policy, which is where CISPO's clipped importance weight matters:
+PPO's clip drops a token's gradient once its ratio leaves the band) -> gates of the length schedule -> the
 length-bias monitor (reward vs response length at fixed correctness), whose events end up
 in the stage summary for the flow to act on.
 """
@@ -47,8 +48,8 @@ from tasks.train.engine import (
     world_size,
 )
 from tasks.train.genrm_reward import DomainReward, RewardCounters, RewardFn, references_by_prompt
-from tasks.train.length_schedule import LengthSchedule
 from tasks.train.harness import StageHarness
+from tasks.train.length_schedule import LengthSchedule
 from tasks.train.rollout_engine import make_sampler
 from warehouse import Warehouse
 
@@ -265,7 +266,8 @@ def _minibatch_step(engine, cfg, tensors: dict, rows: list[int], micro_batches: 
 def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, eps_high: float,
             stale: bool = False) -> dict:
     """Behaviour log-probs, then ``updates_per_batch`` optimizer steps (each accumulated over
-    the engine's ``gradient_accumulation_steps`` micro-batches); averaged statistics.
+    the engine's ``gradient_accumulation_steps`` micro-batches), the whole plan run
+    ``epochs_per_batch`` times; statistics averaged over the updates.
 
     The behaviour policy is the one that sampled: the trainer's own weights re-scored at
     training precision when they sampled (M1's fix for the train/inference mismatch), but the
@@ -286,14 +288,19 @@ def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, ep
         "train_infer_logprob_gap": masked_mean((old_logp - tensors["sampler_logp"]).abs(), tensors["mask"]).item()}
     if stale:
         old_logp = tensors["sampler_logp"] * tensors["mask"]
-    for rows, micro_batches in plan:
+    passes = [(epoch, rows, micro) for epoch in range(cfg.epochs_per_batch) for rows, micro in plan]
+    for epoch, rows, micro_batches in passes:
         stats = _minibatch_step(engine, cfg, tensors, rows, micro_batches, old_logp, advantages, eps_high)
         saved += stats.pop("prefix_shared_tokens_saved")
+        if epoch == cfg.epochs_per_batch - 1 and cfg.epochs_per_batch > 1:
+            # the last pass over the batch: how far its tokens moved off their sampling policy
+            sums["last_epoch_clip_fraction"] = sums.get("last_epoch_clip_fraction", 0.0) + stats["clip_fraction"] / len(plan)
         for k, v in stats.items():
-            sums[k] = sums.get(k, 0.0) + v / len(plan)
+            sums[k] = sums.get(k, 0.0) + v / len(passes)
     # tokens the step's forwards (behaviour pass and every update) did not re-encode, and their
     # share of what re-encoding would have run
-    encoded = 2 * float(tensors["attention_mask"].sum())  # every row: once behaviour, once in its update
+    # every row: once for the behaviour log-probs, once in its update of every pass
+    encoded = (1 + cfg.epochs_per_batch) * float(tensors["attention_mask"].sum())
     sums.update(prefix_shared_tokens_saved=float(saved), prefix_shared_saved_fraction=saved / max(encoded, 1.0))
     return sums
 
