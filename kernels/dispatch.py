@@ -47,18 +47,23 @@ def lightning_attn(
     scale: float = 1.0,
     chunk_size: int = 64,
     backend: str | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Lightning attention, q/k [B, H, T, K], v [B, H, T, V], slope [H] -> (o, final fp32 state)."""
+    """Lightning attention, q/k [B, H, T, K], v [B, H, T, V], slope [H] -> (o, final fp32 state).
+
+    With ``cu_seqlens`` (int32 [N+1]) q/k/v hold N packed sequences, [1, H, T_total, D], and
+    the states are per sequence, [N, H, K, V] (see ``lightning_naive``)."""
     chosen = select_backend(q.device, backend)
     if chosen == "naive":
-        return lightning_attn_naive(q, k, v, slope, initial_state, output_final_state, scale)
+        return lightning_attn_naive(q, k, v, slope, initial_state, output_final_state, scale, cu_seqlens)
     if chosen == "triton":
         from .lightning_triton import lightning_attn_triton
 
         return lightning_attn_triton(
-            q, k, v, slope, initial_state, output_final_state, scale, chunk_size
+            q, k, v, slope, initial_state, output_final_state, scale, chunk_size, cu_seqlens
         )
-    return lightning_attn_chunk(q, k, v, slope, initial_state, output_final_state, scale, chunk_size)
+    return lightning_attn_chunk(q, k, v, slope, initial_state, output_final_state, scale, chunk_size,
+                                cu_seqlens)
 
 
 def head_logprobs(

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .lightning_naive import _validate
+from .lightning_naive import _validate, per_sequence
 
 
 def _chunk_decays(slope: torch.Tensor, seq_len: int, chunk: int):
@@ -48,13 +48,18 @@ def lightning_attn_chunk(
     output_final_state: bool = False,
     scale: float = 1.0,
     chunk_size: int = 64,
+    cu_seqlens: torch.Tensor | None = None,
     span_size: int = 1024,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked lightning attention. The sequence is processed ``span_size`` tokens at a time
     (state carried between spans) so that intermediates stay cache-sized and time stays
-    linear in T; within a span all chunks are batched."""
+    linear in T; within a span all chunks are batched. Packed sequences (``cu_seqlens``) run
+    one after another."""
     _validate(q, k, v, slope)
-    batch, heads, seq_len, k_dim = q.shape
+    if cu_seqlens is not None:
+        return per_sequence(lightning_attn_chunk, q, k, v, slope, initial_state, output_final_state, scale,
+                            cu_seqlens, chunk_size=chunk_size, span_size=span_size)
+    batch, heads, seq_len, _ = q.shape
     v_dim = v.shape[-1]
     if seq_len == 0:
         state = initial_state.float() if initial_state is not None else None

@@ -1,12 +1,29 @@
-"""Lightning attention forward and backward in Triton, same signature as ``lightning_naive``.
+"""Lightning attention in Triton, chunk-parallel, same signature as ``lightning_naive``.
 
-One program owns one (batch, head, value-tile) and walks the sequence chunk by chunk:
-decay-masked quadratic inside a chunk, a [K, BV] fp32 state carried across chunks. The
-backward runs two such scans: forward order for dq (it needs the incoming states) and
-reverse order for dk/dv (they need the gradient of the outgoing states). dq and dk sum
-over value tiles, so each tile writes a partial that torch adds up afterwards.
+The sequence is cut into chunks of BT tokens. Only the [K, V] state crosses a chunk boundary,
+so the work splits into a thin sequential pass and wide parallel ones (the design of fla's
+``chunk_simple_gla``):
 
-Loads are cast to fp32 at once: the state must be fp32, and the interpreter mishandles bf16.
+  forward   states_fwd  one program per (key tile, value tile, sequence·head) walks the chunks
+                        and stores the state entering each one: S_{n+1} = g^L S_n + (k*g^(L-1-j))^T v
+            output      one program per (value tile, chunk, batch·head), all chunks at once:
+                        o = ((q k^T) * D) v + g^(i+1) q S_n
+  backward  states_fwd  again (states are recomputed, not kept from the forward)
+            states_bwd  reverse walk storing the gradient of the state leaving each chunk:
+                        dS_n = g^L dS_{n+1} + (q*g^(i+1))^T do;  dS_0 is d initial_state
+            dv          per (value tile, chunk, batch·head): (k q^T * D^T) do + g^(L-1-j) k dS_{n+1}
+            dqk         per (key tile, chunk, batch·head): dq and dk from (do v^T * D), do S_n^T, v dS^T
+
+Every program owns its output tile and loops over the contracted dimension, so no partial
+sums over tiles are written or added up afterwards. The per-chunk states are stored in the
+input dtype (as fla does: they are dot operands of that dtype anyway); the states carried
+across chunks, the initial and final states and every accumulator are fp32. Dots on fp32
+tiles run as "tf32x3" (near-fp32 on tensor cores), never the silent TF32 default.
+
+Layout: head-first q, k [B, H, T, K], v [B, H, T, V]; packed sequences (``cu_seqlens``, int32
+[N+1]) lie one after another on the time axis of a batch of one, [1, H, T_total, D], each with
+its own initial and final state [N, H, K, V]. Scalar offsets are computed in int64, so tensors
+past 2**31 elements address correctly. Tiles come from ``lightning_launch``.
 """
 
 from __future__ import annotations
@@ -15,217 +32,358 @@ import torch
 import triton
 import triton.language as tl
 
-from .lightning_naive import _validate
+from .lightning_launch import LightningLaunch, lightning_launch
+from .lightning_naive import _validate, _validate_varlen
+
+# --------------------------------------------------------------------------- helpers
 
 
 @triton.jit
-def _lightning_fwd_kernel(
-    q, k, v, slope, h0, o, ht,
-    T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
-):
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    s = tl.load(slope + i_bh % H).to(tl.float32)
+def _sequence_start(i_n, i_h, cu_seqlens, chunk_offsets, T, NC, H: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Where sequence i_n of head i_h starts: its first token's row in the [B*H*T] token axis,
+    its first chunk's row in the [B*H*NC] axis of per-chunk states (int64 both), and its length."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        seq_len = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        token_row = i_h.to(tl.int64) * T + bos
+        chunk_row = i_h.to(tl.int64) * NC + tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        i_nh = i_n.to(tl.int64) * H + i_h
+        seq_len = T
+        token_row = i_nh * T
+        chunk_row = i_nh * NC
+    return token_row, chunk_row, seq_len
+
+
+@triton.jit
+def _chunk_of_program(i_c, i_nh, cu_seqlens, chunk_offsets, chunk_indices, T, NC,
+                      H: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(head, chunk index within its sequence, token row of the chunk's first token, state row
+    of the chunk, tokens in the chunk's sequence) for a program of the chunk-parallel grid."""
+    i_h = i_nh % H
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_c * 2)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1)
+    else:
+        i_n = i_nh // H
+        i_t = i_c
+    token_row, chunk_row, seq_len = _sequence_start(i_n, i_h, cu_seqlens, chunk_offsets, T, NC, H, IS_VARLEN)
+    return i_h, i_t, token_row, chunk_row + i_t, seq_len
+
+
+@triton.jit
+def _load_tile(base, n_rows, stride, col0, n_cols, BR: tl.constexpr, BC: tl.constexpr):
+    """[BR, BC] tile of a row-major matrix whose first row starts at ``base``; rows past
+    ``n_rows`` and columns past ``n_cols`` read as 0."""
+    rows = tl.arange(0, BR)
+    cols = col0 + tl.arange(0, BC)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    return tl.load(base + rows[:, None] * stride + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _store_tile(base, value, n_rows, stride, col0, n_cols, BR: tl.constexpr, BC: tl.constexpr):
+    rows = tl.arange(0, BR)
+    cols = col0 + tl.arange(0, BC)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    tl.store(base + rows[:, None] * stride + cols[None, :], value.to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _query_key_decays(s, chunk_len, BT: tl.constexpr):
+    """Query i reads the incoming state decayed i+1 times; key j reaches the outgoing state
+    decayed chunk_len-1-j times (0 for rows past the chunk's end)."""
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    mask_k, mask_v = o_k < K, o_v < V
-    mask_kv = mask_k[:, None] & mask_v[None, :]
+    pos = o_t.to(tl.float32)
+    query_decay = tl.exp(-s * (pos + 1.0))
+    key_decay = tl.where(o_t < chunk_len, tl.exp(-s * (chunk_len - 1.0 - pos)), 0.0)
+    return query_decay, key_decay
+
+
+@triton.jit
+def _intra_decay(s, BT: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """D[i, j] = g^(i-j) for j <= i, else 0 (transposed: indexed [j, i])."""
+    o_t = tl.arange(0, BT)
+    if TRANSPOSED:
+        dist = (o_t[None, :] - o_t[:, None]).to(tl.float32)
+    else:
+        dist = (o_t[:, None] - o_t[None, :]).to(tl.float32)
+    # where() rather than multiply: exp of a negative distance overflows and inf * 0 is nan
+    return tl.where(dist >= 0, tl.exp(-s * tl.maximum(dist, 0.0)), 0.0)
+
+
+# --------------------------------------------------------------------------- forward
+
+
+@triton.jit
+def _states_fwd_kernel(
+    k, v, slope, states, h0, ht, cu_seqlens, chunk_offsets,
+    T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, i_h = i_nh // H, i_nh % H
+    token_row, chunk_row, seq_len = _sequence_start(i_n, i_h, cu_seqlens, chunk_offsets, T, NC, H, IS_VARLEN)
+    s = tl.load(slope + i_h).to(tl.float32)
+    state_base = i_nh.to(tl.int64) * K * V + (i_k * BK) * V
 
     state = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
-        p_h0 = h0 + i_bh * K * V + o_k[:, None] * V + o_v[None, :]
-        state = tl.load(p_h0, mask=mask_kv, other=0.0).to(tl.float32)
-
-    query_decay = tl.exp(-s * (o_t + 1).to(tl.float32))
-    dist = (o_t[:, None] - o_t[None, :]).to(tl.float32)
-    intra_decay = tl.where(dist >= 0, tl.exp(-s * tl.maximum(dist, 0.0)), 0.0)
-
-    for i_t in range(0, tl.cdiv(T, BT)):
-        rows = i_t * BT + o_t
-        mask_t = rows < T
-        chunk_len = tl.minimum(T - i_t * BT, BT).to(tl.float32)
-        p_q = q + i_bh * T * K + rows[:, None] * K + o_k[None, :]
-        p_k = k + i_bh * T * K + rows[:, None] * K + o_k[None, :]
-        p_v = v + i_bh * T * V + rows[:, None] * V + o_v[None, :]
-        b_q = tl.load(p_q, mask=mask_t[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        b_k = tl.load(p_k, mask=mask_t[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        b_v = tl.load(p_v, mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-
-        scores = tl.dot(b_q, tl.trans(b_k)) * intra_decay
-        b_o = tl.dot(scores, b_v) + tl.dot(b_q * query_decay[:, None], state)
-        p_o = o + i_bh * T * V + rows[:, None] * V + o_v[None, :]
-        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=mask_t[:, None] & mask_v[None, :])
-
-        key_decay = tl.where(mask_t, tl.exp(-s * (chunk_len - 1.0 - o_t.to(tl.float32))), 0.0)
-        state = state * tl.exp(-s * chunk_len) + tl.dot(tl.trans(b_k * key_decay[:, None]), b_v)
-
+        state = _load_tile(h0 + state_base, K - i_k * BK, V, i_v * BV, V, BK, BV).to(tl.float32)
+    for i_t in range(tl.cdiv(seq_len, BT)):
+        _store_tile(states + (chunk_row + i_t) * K * V + (i_k * BK) * V, state, K - i_k * BK, V,
+                    i_v * BV, V, BK, BV)
+        chunk_len = tl.minimum(seq_len - i_t * BT, BT)
+        row0 = token_row + i_t * BT
+        b_k = _load_tile(k + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
+        b_v = _load_tile(v + row0 * V, chunk_len, V, i_v * BV, V, BT, BV)
+        _, key_decay = _query_key_decays(s, chunk_len, BT)
+        b_kd = (b_k.to(tl.float32) * key_decay[:, None]).to(b_k.dtype)
+        state = state * tl.exp(-s * chunk_len) + tl.dot(tl.trans(b_kd), b_v, input_precision=DOT_PRECISION)
     if STORE_FINAL_STATE:
-        p_ht = ht + i_bh * K * V + o_k[:, None] * V + o_v[None, :]
-        tl.store(p_ht, state, mask=mask_kv)
+        _store_tile(ht + state_base, state, K - i_k * BK, V, i_v * BV, V, BK, BV)
 
 
 @triton.jit
-def _lightning_bwd_dq_kernel(
-    k, v, do, slope, h0, dq_partial,
-    T, BH, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_INITIAL_STATE: tl.constexpr,
+def _output_kernel(
+    q, k, v, states, slope, o, cu_seqlens, chunk_offsets, chunk_indices,
+    T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
-    """dq = ((do v^T) * D) k + query_decay * (do S_in^T), partial over this value tile."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    s = tl.load(slope + i_bh % H).to(tl.float32)
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    mask_k, mask_v = o_k < K, o_v < V
+    i_v, i_c, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h, i_t, token_row, state_row, seq_len = _chunk_of_program(
+        i_c, i_nh, cu_seqlens, chunk_offsets, chunk_indices, T, NC, H, IS_VARLEN)
+    s = tl.load(slope + i_h).to(tl.float32)
+    chunk_len = tl.minimum(seq_len - i_t * BT, BT)
+    row0 = token_row + i_t * BT
 
-    state = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_INITIAL_STATE:
-        p_h0 = h0 + i_bh * K * V + o_k[:, None] * V + o_v[None, :]
-        state = tl.load(p_h0, mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    scores = tl.zeros([BT, BT], dtype=tl.float32)
+    from_state = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_q = _load_tile(q + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
+        b_k = _load_tile(k + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
+        b_h = _load_tile(states + state_row * K * V + (i_k * BK) * V, K - i_k * BK, V, i_v * BV, V, BK, BV)
+        scores += tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
+        from_state += tl.dot(b_q, b_h.to(b_q.dtype), input_precision=DOT_PRECISION)
+    query_decay, _ = _query_key_decays(s, chunk_len, BT)
+    b_v = _load_tile(v + row0 * V, chunk_len, V, i_v * BV, V, BT, BV)
+    scores = (scores * _intra_decay(s, BT, False)).to(b_v.dtype)
+    b_o = from_state * query_decay[:, None] + tl.dot(scores, b_v, input_precision=DOT_PRECISION)
+    _store_tile(o + row0 * V, b_o, chunk_len, V, i_v * BV, V, BT, BV)
 
-    query_decay = tl.exp(-s * (o_t + 1).to(tl.float32))
-    dist = (o_t[:, None] - o_t[None, :]).to(tl.float32)
-    intra_decay = tl.where(dist >= 0, tl.exp(-s * tl.maximum(dist, 0.0)), 0.0)
 
-    for i_t in range(0, tl.cdiv(T, BT)):
-        rows = i_t * BT + o_t
-        mask_t = rows < T
-        chunk_len = tl.minimum(T - i_t * BT, BT).to(tl.float32)
-        b_k = tl.load(k + i_bh * T * K + rows[:, None] * K + o_k[None, :],
-                      mask=mask_t[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        b_v = tl.load(v + i_bh * T * V + rows[:, None] * V + o_v[None, :],
-                      mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-        b_do = tl.load(do + i_bh * T * V + rows[:, None] * V + o_v[None, :],
-                       mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-
-        d_scores = tl.dot(b_do, tl.trans(b_v)) * intra_decay
-        b_dq = tl.dot(d_scores, b_k) + tl.dot(b_do, tl.trans(state)) * query_decay[:, None]
-        p_dq = dq_partial + (i_v * BH + i_bh) * T * K + rows[:, None] * K + o_k[None, :]
-        tl.store(p_dq, b_dq, mask=mask_t[:, None] & mask_k[None, :])
-
-        key_decay = tl.where(mask_t, tl.exp(-s * (chunk_len - 1.0 - o_t.to(tl.float32))), 0.0)
-        state = state * tl.exp(-s * chunk_len) + tl.dot(tl.trans(b_k * key_decay[:, None]), b_v)
+# --------------------------------------------------------------------------- backward
 
 
 @triton.jit
-def _lightning_bwd_dkdv_kernel(
-    q, k, v, do, slope, dht, dk_partial, dv, dh0,
-    T, BH, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _states_bwd_kernel(
+    q, do, slope, dstates, dht, dh0, cu_seqlens, chunk_offsets,
+    T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_FINAL_STATE_GRAD: tl.constexpr, STORE_INITIAL_STATE_GRAD: tl.constexpr,
+    USE_FINAL_STATE_GRAD: tl.constexpr, STORE_INITIAL_STATE_GRAD: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
-    """Reverse scan carrying dS, the gradient of the state leaving the current chunk."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    s = tl.load(slope + i_bh % H).to(tl.float32)
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    mask_k, mask_v = o_k < K, o_v < V
-    mask_kv = mask_k[:, None] & mask_v[None, :]
+    """Reverse walk: before chunk n it stores dS_{n+1}, the gradient of the state leaving it."""
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, i_h = i_nh // H, i_nh % H
+    token_row, chunk_row, seq_len = _sequence_start(i_n, i_h, cu_seqlens, chunk_offsets, T, NC, H, IS_VARLEN)
+    s = tl.load(slope + i_h).to(tl.float32)
+    state_base = i_nh.to(tl.int64) * K * V + (i_k * BK) * V
 
     d_state = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_FINAL_STATE_GRAD:
-        p_dht = dht + i_bh * K * V + o_k[:, None] * V + o_v[None, :]
-        d_state = tl.load(p_dht, mask=mask_kv, other=0.0).to(tl.float32)
-
-    query_decay = tl.exp(-s * (o_t + 1).to(tl.float32))
-    # transposed intra mask: row j (key), column i (query), nonzero when i >= j
-    dist_t = (o_t[None, :] - o_t[:, None]).to(tl.float32)
-    intra_decay_t = tl.where(dist_t >= 0, tl.exp(-s * tl.maximum(dist_t, 0.0)), 0.0)
-
-    n_chunks = tl.cdiv(T, BT)
-    for i_rev in range(0, n_chunks):
+        d_state = _load_tile(dht + state_base, K - i_k * BK, V, i_v * BV, V, BK, BV).to(tl.float32)
+    n_chunks = tl.cdiv(seq_len, BT)
+    for i_rev in range(n_chunks):
         i_t = n_chunks - 1 - i_rev
-        rows = i_t * BT + o_t
-        mask_t = rows < T
-        chunk_len = tl.minimum(T - i_t * BT, BT).to(tl.float32)
-        mask_tk = mask_t[:, None] & mask_k[None, :]
-        mask_tv = mask_t[:, None] & mask_v[None, :]
-        b_q = tl.load(q + i_bh * T * K + rows[:, None] * K + o_k[None, :], mask=mask_tk, other=0.0).to(tl.float32)
-        b_k = tl.load(k + i_bh * T * K + rows[:, None] * K + o_k[None, :], mask=mask_tk, other=0.0).to(tl.float32)
-        b_v = tl.load(v + i_bh * T * V + rows[:, None] * V + o_v[None, :], mask=mask_tv, other=0.0).to(tl.float32)
-        b_do = tl.load(do + i_bh * T * V + rows[:, None] * V + o_v[None, :], mask=mask_tv, other=0.0).to(tl.float32)
-
-        key_decay = tl.where(mask_t, tl.exp(-s * (chunk_len - 1.0 - o_t.to(tl.float32))), 0.0)
-        scores_t = tl.dot(b_k, tl.trans(b_q)) * intra_decay_t
-        b_dv = tl.dot(scores_t, b_do) + tl.dot(b_k * key_decay[:, None], d_state)
-        d_scores_t = tl.dot(b_v, tl.trans(b_do)) * intra_decay_t
-        b_dk = tl.dot(d_scores_t, b_q) + tl.dot(b_v, tl.trans(d_state)) * key_decay[:, None]
-
-        tl.store(dv + i_bh * T * V + rows[:, None] * V + o_v[None, :],
-                 b_dv.to(dv.dtype.element_ty), mask=mask_tv)
-        tl.store(dk_partial + (i_v * BH + i_bh) * T * K + rows[:, None] * K + o_k[None, :],
-                 b_dk, mask=mask_tk)
-
-        d_state = d_state * tl.exp(-s * chunk_len) + tl.dot(tl.trans(b_q * query_decay[:, None]), b_do)
-
+        _store_tile(dstates + (chunk_row + i_t) * K * V + (i_k * BK) * V, d_state, K - i_k * BK, V,
+                    i_v * BV, V, BK, BV)
+        chunk_len = tl.minimum(seq_len - i_t * BT, BT)
+        row0 = token_row + i_t * BT
+        b_q = _load_tile(q + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
+        b_do = _load_tile(do + row0 * V, chunk_len, V, i_v * BV, V, BT, BV)
+        query_decay, _ = _query_key_decays(s, chunk_len, BT)
+        b_qd = (b_q.to(tl.float32) * query_decay[:, None]).to(b_q.dtype)
+        d_state = d_state * tl.exp(-s * chunk_len) + tl.dot(tl.trans(b_qd), b_do, input_precision=DOT_PRECISION)
     if STORE_INITIAL_STATE_GRAD:
-        tl.store(dh0 + i_bh * K * V + o_k[:, None] * V + o_v[None, :], d_state, mask=mask_kv)
+        _store_tile(dh0 + state_base, d_state, K - i_k * BK, V, i_v * BV, V, BK, BV)
 
 
-def _tile_sizes(k_dim: int, v_dim: int, chunk_size: int) -> tuple[int, int, int]:
-    block_k = max(16, triton.next_power_of_2(k_dim))
-    block_v = max(16, min(64, triton.next_power_of_2(v_dim)))
-    block_t = max(16, triton.next_power_of_2(chunk_size))
-    return block_t, block_k, block_v
+@triton.jit
+def _dv_kernel(
+    q, k, do, dstates, slope, dv, cu_seqlens, chunk_offsets, chunk_indices,
+    T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """dv_j = sum_{i>=j} (q_i . k_j) g^(i-j) do_i + g^(L-1-j) k_j dS_{n+1}."""
+    i_v, i_c, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h, i_t, token_row, state_row, seq_len = _chunk_of_program(
+        i_c, i_nh, cu_seqlens, chunk_offsets, chunk_indices, T, NC, H, IS_VARLEN)
+    s = tl.load(slope + i_h).to(tl.float32)
+    chunk_len = tl.minimum(seq_len - i_t * BT, BT)
+    row0 = token_row + i_t * BT
+
+    scores_t = tl.zeros([BT, BT], dtype=tl.float32)  # [key j, query i]
+    from_state = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_q = _load_tile(q + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
+        b_k = _load_tile(k + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
+        b_dh = _load_tile(dstates + state_row * K * V + (i_k * BK) * V, K - i_k * BK, V, i_v * BV, V, BK, BV)
+        scores_t += tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION)
+        from_state += tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PRECISION)
+    _, key_decay = _query_key_decays(s, chunk_len, BT)
+    b_do = _load_tile(do + row0 * V, chunk_len, V, i_v * BV, V, BT, BV)
+    scores_t = (scores_t * _intra_decay(s, BT, True)).to(b_do.dtype)
+    b_dv = from_state * key_decay[:, None] + tl.dot(scores_t, b_do, input_precision=DOT_PRECISION)
+    _store_tile(dv + row0 * V, b_dv, chunk_len, V, i_v * BV, V, BT, BV)
+
+
+@triton.jit
+def _dqk_kernel(
+    q, k, v, do, states, dstates, slope, dq, dk, cu_seqlens, chunk_offsets, chunk_indices,
+    T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """dq_i = sum_{j<=i} (do_i . v_j) g^(i-j) k_j + g^(i+1) do_i S_n^T,
+    dk_j = sum_{i>=j} (do_i . v_j) g^(i-j) q_i + g^(L-1-j) v_j dS_{n+1}^T."""
+    i_k, i_c, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h, i_t, token_row, state_row, seq_len = _chunk_of_program(
+        i_c, i_nh, cu_seqlens, chunk_offsets, chunk_indices, T, NC, H, IS_VARLEN)
+    s = tl.load(slope + i_h).to(tl.float32)
+    chunk_len = tl.minimum(seq_len - i_t * BT, BT)
+    row0 = token_row + i_t * BT
+    state_base = state_row * K * V + (i_k * BK) * V
+
+    d_scores = tl.zeros([BT, BT], dtype=tl.float32)  # [query i, key j]
+    dq_from_state = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_from_state = tl.zeros([BT, BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        b_v = _load_tile(v + row0 * V, chunk_len, V, i_v * BV, V, BT, BV)
+        b_do = _load_tile(do + row0 * V, chunk_len, V, i_v * BV, V, BT, BV)
+        b_h = _load_tile(states + state_base, K - i_k * BK, V, i_v * BV, V, BK, BV).to(b_v.dtype)
+        b_dh = _load_tile(dstates + state_base, K - i_k * BK, V, i_v * BV, V, BK, BV).to(b_v.dtype)
+        d_scores += tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PRECISION)
+        dq_from_state += tl.dot(b_do, tl.trans(b_h), input_precision=DOT_PRECISION)
+        dk_from_state += tl.dot(b_v, tl.trans(b_dh), input_precision=DOT_PRECISION)
+    query_decay, key_decay = _query_key_decays(s, chunk_len, BT)
+    b_q = _load_tile(q + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
+    b_k = _load_tile(k + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
+    d_scores = d_scores * _intra_decay(s, BT, False)
+    b_dq = dq_from_state * query_decay[:, None] + tl.dot(d_scores.to(b_k.dtype), b_k,
+                                                         input_precision=DOT_PRECISION)
+    b_dk = dk_from_state * key_decay[:, None] + tl.dot(tl.trans(d_scores).to(b_q.dtype), b_q,
+                                                       input_precision=DOT_PRECISION)
+    _store_tile(dq + row0 * K, b_dq, chunk_len, K, i_k * BK, K, BT, BK)
+    _store_tile(dk + row0 * K, b_dk, chunk_len, K, i_k * BK, K, BT, BK)
+
+
+# --------------------------------------------------------------------------- host side
+
+
+class _Chunking:
+    """How a call's tokens fall into chunks: the grid's chunk axis and, for packed sequences,
+    each sequence's first chunk and each chunk's (sequence, index within it)."""
+
+    def __init__(self, seq_len: int, block_t: int, cu_seqlens: torch.Tensor | None):
+        self.cu_seqlens = cu_seqlens
+        if cu_seqlens is None:
+            self.n_chunks = triton.cdiv(seq_len, block_t)
+            self.chunk_offsets = self.chunk_indices = None
+            return
+        per_seq = (cu_seqlens[1:] - cu_seqlens[:-1] + block_t - 1) // block_t
+        self.chunk_offsets = torch.cat([per_seq.new_zeros(1), per_seq.cumsum(0)]).to(torch.int32)
+        self.n_chunks = int(self.chunk_offsets[-1])
+        seq_of_chunk = torch.repeat_interleave(torch.arange(per_seq.numel(), device=per_seq.device), per_seq)
+        index_in_seq = torch.arange(self.n_chunks, device=per_seq.device) - self.chunk_offsets[seq_of_chunk]
+        self.chunk_indices = torch.stack([seq_of_chunk, index_in_seq], dim=1).to(torch.int32).contiguous()
+
+    @property
+    def is_varlen(self) -> bool:
+        return self.cu_seqlens is not None
+
+
+def _launch_kwargs(launch: LightningLaunch) -> dict:
+    return {"BT": launch.block_t, "BK": launch.block_k, "BV": launch.block_v,
+            "DOT_PRECISION": launch.dot_precision, "num_warps": launch.num_warps,
+            "num_stages": launch.num_stages}
+
+
+def _chunk_states(k, v, slope, h0, want_final, chunking: _Chunking, launch: LightningLaunch, n_seqs: int):
+    """Per-chunk incoming states [B, H, NC, K, V] (input dtype) and, if asked, the final fp32 state."""
+    batch, heads, seq_len, k_dim = k.shape
+    v_dim = v.shape[-1]
+    states = k.new_empty(batch, heads, chunking.n_chunks, k_dim, v_dim)
+    final = k.new_empty(n_seqs, heads, k_dim, v_dim, dtype=torch.float32) if want_final else None
+    grid = (triton.cdiv(k_dim, launch.block_k), triton.cdiv(v_dim, launch.block_v), n_seqs * heads)
+    _states_fwd_kernel[grid](
+        k, v, slope, states, h0, final, chunking.cu_seqlens, chunking.chunk_offsets,
+        seq_len, chunking.n_chunks, heads, k_dim, v_dim,
+        USE_INITIAL_STATE=h0 is not None, STORE_FINAL_STATE=want_final, IS_VARLEN=chunking.is_varlen,
+        **_launch_kwargs(launch),
+    )
+    return states, final
 
 
 class LightningAttnFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, slope, initial_state, output_final_state, chunk_size):
+    def forward(ctx, q, k, v, slope, initial_state, output_final_state, chunk_size, cu_seqlens, launch):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         slope = slope.float().contiguous()
         batch, heads, seq_len, k_dim = q.shape
         v_dim = v.shape[-1]
-        block_t, block_k, block_v = _tile_sizes(k_dim, v_dim, chunk_size)
-        n_v_tiles = triton.cdiv(v_dim, block_v)
-        out = torch.empty_like(v)
-        final_state = (
-            q.new_empty(batch, heads, k_dim, v_dim, dtype=torch.float32) if output_final_state else None
-        )
+        n_seqs = cu_seqlens.numel() - 1 if cu_seqlens is not None else batch
+        launch = launch or lightning_launch(k_dim, v_dim, q.element_size(), chunk_size)
+        chunking = _Chunking(seq_len, launch.block_t, cu_seqlens)
         h0 = initial_state.float().contiguous() if initial_state is not None else None
-        _lightning_fwd_kernel[(n_v_tiles, batch * heads)](
-            q, k, v, slope, h0, out, final_state,
-            seq_len, heads, k_dim, v_dim, block_t, block_k, block_v,
-            USE_INITIAL_STATE=h0 is not None, STORE_FINAL_STATE=output_final_state,
+
+        states, final_state = _chunk_states(k, v, slope, h0, output_final_state, chunking, launch, n_seqs)
+        out = torch.empty_like(v)
+        _output_kernel[(triton.cdiv(v_dim, launch.block_v), chunking.n_chunks, batch * heads)](
+            q, k, v, states, slope, out, chunking.cu_seqlens, chunking.chunk_offsets, chunking.chunk_indices,
+            seq_len, chunking.n_chunks, heads, k_dim, v_dim, IS_VARLEN=chunking.is_varlen,
+            **_launch_kwargs(launch),
         )
         ctx.save_for_backward(q, k, v, slope, h0)
-        ctx.tiles = (block_t, block_k, block_v, n_v_tiles)
+        ctx.chunking, ctx.launch, ctx.n_seqs = chunking, launch, n_seqs
         ctx.initial_state_dtype = initial_state.dtype if initial_state is not None else None
         return out, final_state
 
     @staticmethod
     def backward(ctx, d_out, d_final_state):
         q, k, v, slope, h0 = ctx.saved_tensors
-        block_t, block_k, block_v, n_v_tiles = ctx.tiles
+        chunking, launch, n_seqs = ctx.chunking, ctx.launch, ctx.n_seqs
         batch, heads, seq_len, k_dim = q.shape
         v_dim = v.shape[-1]
-        bh = batch * heads
         d_out = d_out.contiguous()
-        grid = (n_v_tiles, bh)
-        dq_partial = q.new_empty(n_v_tiles, batch, heads, seq_len, k_dim, dtype=torch.float32)
-        dk_partial = torch.empty_like(dq_partial)
-        dv = torch.empty_like(v)
-        dh0 = torch.empty_like(h0) if h0 is not None else None
         dht = d_final_state.float().contiguous() if d_final_state is not None else None
-        _lightning_bwd_dq_kernel[grid](
-            k, v, d_out, slope, h0, dq_partial,
-            seq_len, bh, heads, k_dim, v_dim, block_t, block_k, block_v,
-            USE_INITIAL_STATE=h0 is not None,
-        )
-        _lightning_bwd_dkdv_kernel[grid](
-            q, k, v, d_out, slope, dht, dk_partial, dv, dh0,
-            seq_len, bh, heads, k_dim, v_dim, block_t, block_k, block_v,
+        shared = (chunking.cu_seqlens, chunking.chunk_offsets)
+        sizes = (seq_len, chunking.n_chunks, heads, k_dim, v_dim)
+
+        states, _ = _chunk_states(k, v, slope, h0, False, chunking, launch, n_seqs)
+        dstates = torch.empty_like(states)
+        dh0 = torch.empty_like(h0) if h0 is not None else None
+        _states_bwd_kernel[(triton.cdiv(k_dim, launch.block_k), triton.cdiv(v_dim, launch.block_v), n_seqs * heads)](
+            q, d_out, slope, dstates, dht, dh0, *shared, *sizes,
             USE_FINAL_STATE_GRAD=dht is not None, STORE_INITIAL_STATE_GRAD=dh0 is not None,
+            IS_VARLEN=chunking.is_varlen, **_launch_kwargs(launch),
         )
-        dq = dq_partial.sum(0).to(q.dtype)
-        dk = dk_partial.sum(0).to(k.dtype)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        _dv_kernel[(triton.cdiv(v_dim, launch.block_v), chunking.n_chunks, batch * heads)](
+            q, k, d_out, dstates, slope, dv, *shared, chunking.chunk_indices, *sizes,
+            IS_VARLEN=chunking.is_varlen, **_launch_kwargs(launch),
+        )
+        _dqk_kernel[(triton.cdiv(k_dim, launch.block_k), chunking.n_chunks, batch * heads)](
+            q, k, v, d_out, states, dstates, slope, dq, dk, *shared, chunking.chunk_indices, *sizes,
+            IS_VARLEN=chunking.is_varlen, **_launch_kwargs(launch),
+        )
         if dh0 is not None:
             dh0 = dh0.to(ctx.initial_state_dtype)
-        return dq, dk, dv, None, dh0, None, None
+        return dq, dk, dv, None, dh0, None, None, None, None
 
 
 def lightning_attn_triton(
@@ -237,10 +395,23 @@ def lightning_attn_triton(
     output_final_state: bool = False,
     scale: float = 1.0,
     chunk_size: int = 64,
+    cu_seqlens: torch.Tensor | None = None,
+    launch: LightningLaunch | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``launch`` overrides the tiles ``lightning_launch`` picks (benchmarks sweep it)."""
     _validate(q, k, v, slope)
+    if cu_seqlens is not None:
+        _validate_varlen(q, cu_seqlens, initial_state)
+        cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
+    if q.shape[2] == 0:  # nothing to launch; every sequence keeps its initial state
+        n_seqs = cu_seqlens.numel() - 1 if cu_seqlens is not None else q.shape[0]
+        final = None
+        if output_final_state:
+            final = (initial_state.float() if initial_state is not None
+                     else q.new_zeros(n_seqs, q.shape[1], q.shape[3], v.shape[3], dtype=torch.float32))
+        return v.new_zeros(v.shape), final
     if scale != 1.0:
         q = q * scale  # outside the Function so autograd carries the scale into dq
     return LightningAttnFunction.apply(
-        q, k, v, slope.to(q.device), initial_state, output_final_state, chunk_size
+        q, k, v, slope.to(q.device), initial_state, output_final_state, chunk_size, cu_seqlens, launch
     )
