@@ -8,12 +8,12 @@ from .logprob_fused import token_logprobs_fused
 from .logprob_naive import token_logprobs_naive
 
 __all__ = [
+    "head_logprobs",
     "lightning_attn",
     "lightning_attn_chunk",
     "lightning_attn_naive",
     "lightning_attn_recurrent",
     "select_backend",
-    "head_logprobs",
     "token_logprobs_fused",
     "token_logprobs_naive",
 ]

@@ -23,7 +23,7 @@ tiles run as "tf32x3" (near-fp32 on tensor cores), never the silent TF32 default
 Layout: head-first q, k [B, H, T, K], v [B, H, T, V]; packed sequences (``cu_seqlens``, int32
 [N+1]) lie one after another on the time axis of a batch of one, [1, H, T_total, D], each with
 its own initial and final state [N, H, K, V]. Scalar offsets are computed in int64, so tensors
-past 2**31 elements address correctly. Tiles come from ``lightning_launch``.
+past 2**31 elements address correctly. Tiles come from ``launch_config.lightning_launch``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .lightning_launch import LightningLaunch, lightning_launch
+from .launch_config import LightningLaunch, lightning_launch
 from .lightning_naive import _validate, _validate_varlen
 
 # --------------------------------------------------------------------------- helpers

@@ -7,9 +7,15 @@ chunk's logits. Rows are chunked too, so peak extra memory is rows_chunk x vocab
 With lse the log-normalizer and mean = E_p[logit]:
     logp_y  = l_y - lse                       d/dl_j = [j == y] - p_j
     entropy = lse - mean                      d/dl_j = p_j * (mean - l_j)
+
+Its matmuls run in full FP32 even where the process allowed TF32 (``torch.set_float32_matmul_
+precision("high")``, common in GPU training scripts): the head exists to be FP32.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -38,8 +44,20 @@ def _online_stats(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, vocab_
     return lse, run_weighted / run_sum, label_logit
 
 
+@contextmanager
+def full_fp32_matmuls() -> Iterator[None]:
+    """FP32 matmuls inside, whatever float32_matmul_precision the caller set; restored after."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
 class FusedTokenLogprob(torch.autograd.Function):
     @staticmethod
+    @full_fp32_matmuls()
     def forward(ctx, hidden, weight, labels, ignore_index, vocab_chunk, row_chunk):
         h_all = hidden.reshape(-1, hidden.shape[-1])
         flat_labels = labels.reshape(-1)
@@ -63,6 +81,7 @@ class FusedTokenLogprob(torch.autograd.Function):
         return logp.view(labels.shape), entropy.view(labels.shape)
 
     @staticmethod
+    @full_fp32_matmuls()
     def backward(ctx, d_logp, d_entropy):
         hidden, weight, labels, valid, lse, mean_logit = ctx.saved_tensors
         vocab_chunk, row_chunk = ctx.chunks

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from kernels import (
-    head_logprobs,
     lightning_attn_chunk,
     lightning_attn_naive,
     lightning_attn_recurrent,
@@ -77,6 +76,33 @@ def run_lightning(fn, inputs, slope, d_out, d_state, use_h0=True, **kw):
 def assert_all_close(got, ref, atol=2e-4, rtol=1e-4):
     for i, (a, b) in enumerate(zip(got, ref)):
         torch.testing.assert_close(a, b, atol=atol, rtol=rtol, msg=lambda m, i=i: f"output {i}: {m}")
+
+
+def assert_relative_error(got, ref, limit):
+    """|got - ref| / |ref| (Frobenius norms, in float64) within ``limit`` for every output."""
+    for i, (a, b) in enumerate(zip(got, ref)):
+        error = ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+        assert error <= limit, f"output {i}: relative error {error:.2e} > {limit:.0e}"
+
+
+def spy_launches(module, monkeypatch, keep=None):
+    """Record (kernel name, grid or the ``keep`` launch argument) of every launch of the
+    module's ``_*_kernel`` Triton kernels, which still run."""
+    launched = []
+
+    class Spy:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launched.append((self.name, kwargs[keep] if keep else grid))
+                return self.kernel[grid](*args, **kwargs)
+            return launch
+
+    for name in [n for n in dir(module) if n.startswith("_") and n.endswith("_kernel")]:
+        monkeypatch.setattr(module, name, Spy(name, getattr(module, name)))
+    return launched
 
 
 @pytest.mark.parametrize("use_h0", [True, False])
@@ -168,16 +194,26 @@ def test_fused_logprob_matches_float64_log_softmax():
     torch.testing.assert_close(entropy.double(), -(ref.exp() * ref).sum(-1), atol=1e-4, rtol=0)
 
 
-def test_triton_logprob_matches_reference(monkeypatch):
-    module = interpreted_module("kernels.logprob_triton")
-    assert_interpreted(module)
-    hidden, weight, labels, g_logp, g_ent = logprob_inputs()
-    ref = run_logprob(token_logprobs_naive, hidden, weight, labels, g_logp, g_ent)
-    got = run_logprob(module.token_logprobs_triton, hidden, weight, labels, g_logp, g_ent, blocks=(16, 32, 16))
-    assert_all_close(got, ref)
-    monkeypatch.setenv("POSTTRAIN_KERNEL_BACKEND", "triton")
-    via_dispatch = run_logprob(head_logprobs, hidden, weight, labels, g_logp, g_ent)
-    assert_all_close(via_dispatch, ref)
+def test_fused_logprob_keeps_fp32_matmuls_when_tf32_is_allowed(monkeypatch):
+    """A process that allowed TF32 (float32_matmul_precision "high") still gets FP32 matmuls
+    inside the fused head, and its setting back afterwards."""
+    seen = []
+    real_matmul = torch.Tensor.__matmul__
+
+    def recording_matmul(a, b):
+        seen.append(torch.get_float32_matmul_precision())
+        return real_matmul(a, b)
+
+    previous = torch.get_float32_matmul_precision()
+    monkeypatch.setattr(torch.Tensor, "__matmul__", recording_matmul)
+    torch.set_float32_matmul_precision("high")
+    try:
+        hidden, weight, labels, g_logp, g_ent = logprob_inputs()
+        run_logprob(token_logprobs_fused, hidden, weight, labels, g_logp, g_ent, vocab_chunk=64)
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    assert seen and set(seen) == {"highest"}
 
 
 def test_logprob_rejects_mismatched_shapes():

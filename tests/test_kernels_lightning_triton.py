@@ -14,13 +14,15 @@ import torch
 from test_kernels import (
     assert_all_close,
     assert_interpreted,
+    assert_relative_error,
     interpreted_module,
     lightning_inputs,
     run_lightning,
+    spy_launches,
 )
 
 from kernels import lightning_attn, lightning_attn_chunk, lightning_attn_naive
-from kernels.lightning_launch import (
+from kernels.launch_config import (
     HOPPER_SHARED_MEMORY_BYTES,
     KERNELS,
     LightningLaunch,
@@ -237,31 +239,3 @@ def test_offsets_are_64_bit_where_sizes_pass_2_31(lt):
     chunk_offsets = torch.tensor([0, n_chunks, n_chunks + 1], dtype=torch.int32)
     probe[(1,)](out, cu_seqlens, chunk_offsets, 1, 15, seq_len, n_chunks + 1, dim, heads, True)
     assert out.tolist() == [(15 * seq_len + seq_len - 5) * dim, (15 * (n_chunks + 1) + n_chunks) * dim * dim]
-
-
-# ----------------------------------------------------------------- helpers
-
-
-def assert_relative_error(got, ref, limit):
-    for i, (a, b) in enumerate(zip(got, ref)):
-        error = ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
-        assert error <= limit, f"output {i}: relative error {error:.2e} > {limit:.0e}"
-
-
-def spy_launches(module, monkeypatch, keep=None):
-    """Record (kernel name, grid or the ``keep`` launch argument) of every kernel launch."""
-    launched = []
-
-    class Spy:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launched.append((self.name, kwargs[keep] if keep else grid))
-                return self.kernel[grid](*args, **kwargs)
-            return launch
-
-    for name in [n for n in dir(module) if n.startswith("_") and n.endswith("_kernel")]:
-        monkeypatch.setattr(module, name, Spy(name, getattr(module, name)))
-    return launched

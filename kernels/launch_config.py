@@ -1,5 +1,5 @@
-"""Launch configurations of the chunk-parallel Triton lightning kernels, and what each one
-asks of shared memory.
+"""Launch configurations of the Triton kernels (chunk-parallel lightning attention, the FP32
+log-prob head), and what each one asks of shared memory.
 
 A Triton kernel that needs more shared memory than the GPU has per block fails at launch,
 not at compile time, and the CPU interpreter never notices (on an H200 the sequence-walking
@@ -13,7 +13,7 @@ The estimate counts, per kernel:
     that many copies in flight); this term alone reproduces the measured 245,760 bytes;
   - every other dot operand once (tiles loaded after the loop, and operands computed in
     registers such as the decayed keys or the masked score matrix);
-  - for fp32 inputs, whose dots run as "tf32x3" (a TF32 high part and a TF32 residual per
+  - for fp32 tiles, whose dots run as "tf32x3" (a TF32 high part and a TF32 residual per
     operand, three tensor-core passes), a high and a low copy of every right-hand operand.
 It is deliberately on the safe side: Triton may reuse buffers whose lifetimes do not overlap.
 
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 HOPPER_SHARED_MEMORY_BYTES = 232_448  # per block, 227 KiB (H100 / H200)
 KERNELS = ("states_fwd", "output", "states_bwd", "dv", "dqk")
+HEAD_KERNELS = ("logits", "matmul")
 
 # tl.dot's input_precision for fp32 tiles: never the silent TF32 default (~1e-3 relative).
 FP32_DOT_PRECISION = "tf32x3"
@@ -123,3 +124,52 @@ def launch_table(head_dims=(32, 64, 128, 256), element_sizes=(4, 2), chunk_size:
                          "dot_precision": launch.dot_precision,
                          **{f"smem_{name}": launch.shared_memory_bytes(name) for name in KERNELS}})
     return rows
+
+
+# --------------------------------------------------------------------------- FP32 log-prob head
+
+GRAD_CHUNK_BYTES = 512 * 2**20  # the backward's dL/dlogits buffer for one chunk of rows
+
+
+@dataclass(frozen=True)
+class HeadLaunch:
+    """Tiles of the FP32 head: the logit kernels (forward and dL/dlogits) own block_rows x
+    block_vocab logits and loop over the feature dim in block_dim steps; the backward's
+    matmuls own block_mn x block_mn outputs and loop in block_mk steps. ``row_chunk`` rows
+    have their dL/dlogits materialized at a time (fp32, row_chunk x vocab)."""
+
+    block_rows: int
+    block_vocab: int
+    block_dim: int
+    block_mn: int
+    block_mk: int
+    row_chunk: int
+    num_warps: int = 8
+    num_stages: int = 3
+    dot_precision: str = FP32_DOT_PRECISION
+
+    def kernel_tiles(self, kernel: str):
+        if kernel == "logits":  # h [rows, d] and w [vocab, d] tiles per step; w^T is the right operand
+            return [(self.block_rows, self.block_dim), (self.block_vocab, self.block_dim)], [], \
+                [(self.block_dim, self.block_vocab)]
+        if kernel == "matmul":
+            return [(self.block_mn, self.block_mk), (self.block_mk, self.block_mn)], [], \
+                [(self.block_mk, self.block_mn)]
+        raise ValueError(f"unknown head kernel {kernel!r}; expected one of {HEAD_KERNELS}")
+
+    def shared_memory_bytes(self, kernel: str) -> int:
+        pipelined, once, rhs = self.kernel_tiles(kernel)
+        return estimate_shared_memory(pipelined, once, rhs, 4, self.num_stages, self.dot_precision)
+
+
+def head_launch(n_rows: int, vocab: int, dim: int) -> HeadLaunch:
+    """GPU tiles, shrunk (never below tl.dot's 16) for small problems; the row chunk keeps the
+    dL/dlogits buffer under GRAD_CHUNK_BYTES (768 rows at a 151,936 vocabulary)."""
+
+    def fit(cap: int, n: int) -> int:
+        return min(cap, max(16, _next_power_of_2(n)))
+
+    block_mn = fit(128, max(n_rows, dim))
+    rows_in_budget = max(block_mn, GRAD_CHUNK_BYTES // (4 * vocab) // block_mn * block_mn)
+    return HeadLaunch(block_rows=fit(64, n_rows), block_vocab=fit(128, vocab), block_dim=fit(32, dim),
+                      block_mn=block_mn, block_mk=32, row_chunk=min(rows_in_budget, max(n_rows, 1)))
