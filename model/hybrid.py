@@ -8,6 +8,10 @@ The LM head runs in FP32 (BF16 log-probs of rare tokens broke RL in MiniMax-M1),
 
 Decoding keeps one constant-size [B, H, K, V] fp32 state per lightning layer
 (``HybridCache``) and a growing KV cache only for the softmax layers.
+
+The softmax layers never build a T x T mask (see ``softmax_attention``): causal SDPA (flash on
+a GPU) when nothing is padded or the batch is right-padded, causal aligned at the end when
+a cache precedes the queries, each row on its own real tokens otherwise.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionLayer
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast
@@ -25,7 +30,6 @@ from transformers.modeling_outputs import MoeCausalLMOutputWithPast
 from kernels import head_logprobs, lightning_attn, lightning_attn_recurrent
 
 from .config import IGNORE_INDEX, LINEAR, HybridConfig, build_model_config
-
 
 # --------------------------------------------------------------------------- cache
 
@@ -197,6 +201,68 @@ def apply_partial_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
     return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
 
 
+@dataclass(frozen=True)
+class SoftmaxPadding:
+    """What the softmax layers of one forward need to know about its padding, decided once.
+
+    ``key_mask`` [B, past+T] marks real tokens (None when all are); ``plain_causal`` says that
+    causal attention over the whole batch is already exact for every real query: nothing is
+    padded, or the batch is right-padded with nothing cached (real queries never reach a pad).
+    """
+
+    key_mask: torch.Tensor | None
+    plain_causal: bool
+
+    @classmethod
+    def of(cls, token_mask: torch.Tensor | None, past: int, seq_len: int) -> SoftmaxPadding:
+        if token_mask is None:
+            return cls(None, True)
+        keys = token_mask[:, -(past + seq_len):]
+        if bool(keys.all()):
+            return cls(None, True)
+        no_real_after_pad = bool((keys[:, :-1] | ~keys[:, 1:]).all())
+        return cls(keys, past == 0 and no_real_after_pad)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal SDPA with the queries as the last keys (cached keys come first), maskless."""
+    q_len, kv_len = q.shape[2], k.shape[2]
+    if q_len == kv_len:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if q_len == 1:
+        return F.scaled_dot_product_attention(q, k, v)
+    # lower-right alignment; dispatched to flash on a GPU, materialized only on the CPU path
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q_len, kv_len))
+
+
+def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padding: SoftmaxPadding) -> torch.Tensor:
+    """q [B, H, T, D] over k, v [B, H, past+T, D], causal, padded keys unseen; no T x T mask.
+
+    - nothing padded, or right padding without a cache: one causal call for the batch;
+    - one query per row (decoding) with padding: a [B, 1, 1, past+1] key mask, linear in T;
+    - otherwise (left padding, a padded prefix in the cache): each row on its real tokens only,
+      packed, causal aligned at the end. Padded query positions come out 0: nothing reads them
+      (their lightning inputs are masked, their labels ignored).
+    """
+    if padding.key_mask is None or padding.plain_causal:
+        return causal_attention(q, k, v)
+    if q.shape[2] == 1:
+        visible = padding.key_mask.clone()
+        visible[:, -1] = True  # the query itself, so a padded one never softmaxes over nothing
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None, None, :])
+    rows = []
+    for row, real in enumerate(padding.key_mask):
+        keys = real.nonzero().squeeze(1)
+        queries = real[-q.shape[2]:].nonzero().squeeze(1)
+        out = q.new_zeros(1, q.shape[1], q.shape[2], v.shape[3])
+        if queries.numel():
+            attended = causal_attention(q[row : row + 1, :, queries], k[row : row + 1, :, keys],
+                                        v[row : row + 1, :, keys])
+            out = out.index_copy(2, queries, attended)
+        rows.append(out)
+    return torch.cat(rows)
+
+
 class SoftmaxAttention(nn.Module):
     """Causal softmax attention with grouped KV heads and RoPE on part of each head."""
 
@@ -211,7 +277,7 @@ class SoftmaxAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x, rotary, attn_mask, cache: HybridCache | None):
+    def forward(self, x, rotary, padding: SoftmaxPadding, cache: HybridCache | None):
         batch, seq_len, _ = x.shape
         q = self.q_proj(x).view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -222,7 +288,7 @@ class SoftmaxAttention(nn.Module):
             k, v = cache.update(k, v, self.layer_idx)
         groups = self.num_heads // self.num_kv_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        out = softmax_attention(q, k, v, padding)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
 
@@ -299,12 +365,12 @@ class HybridDecoderLayer(nn.Module):
         self.attn_norm = HybridRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.ffn_norm = HybridRMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, token_mask, rotary, attn_mask, cache):
+    def forward(self, x, token_mask, rotary, padding, cache):
         h = self.attn_norm(x)
         if self.is_lightning:
             x = x + self.attn(h, token_mask, cache)
         else:
-            x = x + self.attn(h, rotary, attn_mask, cache)
+            x = x + self.attn(h, rotary, padding, cache)
         ffn_out, aux_loss = self.ffn(self.ffn_norm(x), token_mask, cache)
         return x + ffn_out, aux_loss
 
@@ -406,11 +472,11 @@ class HybridModel(HybridPreTrainedModel):
         if position_ids is None:
             position_ids = self._positions(token_mask, past, batch, seq_len, hidden.device)
         rotary = rotary_cos_sin(position_ids, self.config.rotary_dim, self.config.rotary_base, hidden.dtype)
-        attn_mask = self._softmax_mask(token_mask, past, batch, seq_len, hidden.device)
+        padding = SoftmaxPadding.of(token_mask, past, seq_len)
 
         aux_loss = hidden.new_zeros((), dtype=torch.float32)
         for layer in self.layers:
-            hidden, layer_aux = layer(hidden, token_mask, rotary, attn_mask, cache)
+            hidden, layer_aux = layer(hidden, token_mask, rotary, padding, cache)
             aux_loss = aux_loss + layer_aux
         if cache is not None:
             cache.advance(seq_len)
@@ -424,18 +490,6 @@ class HybridModel(HybridPreTrainedModel):
         # count only real tokens, so left padding does not shift positions (matches generate)
         positions = (token_mask.long().cumsum(-1) - 1).clamp(min=0)
         return positions[:, -seq_len:]
-
-    @staticmethod
-    def _softmax_mask(token_mask, past, batch, seq_len, device):
-        """Boolean [B, 1, T, past+T]: causal, padded keys hidden, the diagonal always visible
-        so that padded query rows never softmax over nothing."""
-        query_pos = torch.arange(past, past + seq_len, device=device)[:, None]
-        key_pos = torch.arange(past + seq_len, device=device)[None, :]
-        mask = (key_pos <= query_pos)[None, None].expand(batch, 1, -1, -1)
-        if token_mask is not None:
-            keys_valid = token_mask[:, None, None, -(past + seq_len):]
-            mask = (mask & keys_valid) | (key_pos == query_pos)[None, None]
-        return mask
 
 
 class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
