@@ -7,11 +7,15 @@ and CISPO against GRPO in steps to a fixed held-out pass@1 on the same task mix.
    Prints base / SFT / DPO / RL held-out pass@1 per family as mean ± sd over the seeds.
 2. From each seed's DPO model and RL prompts, RL with ``loss: cispo`` and ``loss: grpo``
    (GRPO with PPO's two-sided clip, eps_low 0.2), everything else equal. The learning rate
-   is held constant so a k-step run is exactly the first k steps of a longer one: the
-   held-out pass@1 after k steps is measured by training k steps and evaluating. Prints the
-   steps each loss needs to reach ``--target`` and the ratio CISPO/GRPO (paper: about 0.5).
+   is held constant and one run per loss and seed saves a checkpoint at every
+   ``--checkpoints`` step count, each evaluated on the held-out items. Prints the curves
+   (mean ± sd over seeds), the steps each loss needs to reach ``--target`` and the ratio
+   CISPO/GRPO (paper: about 0.5). ``--rl KEY=VALUE`` sets the RL regime of both, e.g.
+   ``epochs_per_batch=4`` (PPO epochs: the regime where PPO's clip drops tokens' gradients
+   after the first pass and CISPO's clipped weight keeps them).
 
     .venv/bin/python bench/learning_curve.py [--seeds 0 1 2] [--checkpoints 10 20 40 60]
+    .venv/bin/python bench/learning_curve.py --home .posttrain --target 0.6 --rl epochs_per_batch=4
 """
 from __future__ import annotations
 
@@ -48,13 +52,13 @@ def run_seed(home: Path, seed: int, first: bool) -> dict:
 
 def heldout_pass1(model_path: str, home: Path) -> float:
     """Mean held-out pass@1 over the tiny families (evaluate's items, sampling and verifiers)."""
-    from tasks.profile import load_profile
     from tasks.evaluate import (
         EvaluateConfig,
         evaluate_items,
         heldout_synthetic_items,
         training_instance_ids,
     )
+    from tasks.profile import load_profile
     from tasks.rollout.config import RolloutConfig
     from tasks.rollout.factory import make_backend
     from warehouse import Warehouse
@@ -93,15 +97,36 @@ def _merged(base: dict, extra: dict) -> dict:
         {k: v for k, v in base.items() if k not in extra}
 
 
+def checkpoint_model(stage_path: Path, steps: int, like: str, out: Path) -> str:
+    """The policy after ``steps`` RL steps as a Hugging Face directory: the DeepSpeed
+    checkpoint's module weights loaded into the architecture (and tokenizer) of ``like``."""
+    import torch
+
+    from model.loading import load_causal_lm
+
+    model, tokenizer = load_causal_lm(like)
+    states = torch.load(stage_path / "ds" / f"step_{steps:08d}" / "mp_rank_00_model_states.pt",
+                        map_location="cpu", weights_only=False)
+    model.load_state_dict(states["module"])
+    target = out / f"step_{steps:08d}"
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return str(target)
+
+
 def rl_curve(home: Path, seed: int, loss: str, checkpoints: list[int],
              overrides: dict | None = None) -> list[tuple[int, float]]:
-    """Held-out pass@1 after each number of RL steps, from this seed's DPO model."""
+    """Held-out pass@1 after each number of RL steps, from this seed's DPO model: one run of
+    ``max(checkpoints)`` steps whose DeepSpeed checkpoints are evaluated (the learning rate
+    is constant, so a checkpoint is exactly what a shorter run would have ended with)."""
+    import math
+
     import polars as pl
 
     from tasks.profile import load_profile
     from tasks.train.config import TrainConfig
-    from tasks.train.rl import train_rl
     from tasks.train.harness import StageHarness, StageJob
+    from tasks.train.rl import train_rl
     from warehouse import Warehouse
 
     wh = Warehouse(home)
@@ -110,21 +135,38 @@ def rl_curve(home: Path, seed: int, loss: str, checkpoints: list[int],
     init = models.filter((pl.col("stage") == "dpo_long") & (pl.col("run_name") == run_name))["path"][-1]
     rl_ref = str(wh.latest("rl_prompts"))
     base = load_profile("tiny").section("train", TrainConfig).model_dump()
-    curve = []
-    for steps in checkpoints:
-        cfg = TrainConfig(**{**base, "seed": seed, "rl": _merged(base["rl"], overrides or {}),
-                             "optimizer": {**base["optimizer"], "schedule": "constant", "warmup_steps": 0}})
-        cfg.rl.loss, cfg.rl.steps, cfg.rl.checkpoint_every = loss, steps, 10**6
-        cfg.rl.eps_low = 0.2 if loss == "grpo" else 1.0
-        job = StageJob(stage="rl", home=str(home), run_name=f"bench-{loss}-{seed}-{steps}", profile="tiny",
-                       init_model=init, data_ref=rl_ref, config=cfg.model_dump(), fingerprint=f"{loss}-{steps}")
-        result = train_rl(StageHarness(job))
-        curve.append((steps, heldout_pass1(result["path"], home)))
-        records = [r for r in StageHarness(job).steps.records() if "clip_fraction" in r]
-        clipped = statistics.mean(r["clip_fraction"] for r in records) if records else float("nan")
-        print(f"  seed {seed} {loss:5s} {steps:3d} steps: held-out pass@1 {curve[-1][1]:.3f} "
-              f"(tokens clipped per update, mean {clipped:.4f})", flush=True)
+    every, last = math.gcd(*checkpoints), max(checkpoints)
+    cfg = TrainConfig(**{**base, "seed": seed, "rl": _merged(base["rl"], overrides or {}),
+                         "optimizer": {**base["optimizer"], "schedule": "constant", "warmup_steps": 0}})
+    cfg.rl.loss, cfg.rl.steps = loss, last
+    cfg.rl.checkpoint_every, cfg.rl.keep_checkpoints = every, last // every + 1
+    cfg.rl.eps_low = 0.2 if loss == "grpo" else 1.0
+    tag = f"{loss}-{seed}-{last}-" + "-".join(f"{k}={v}" for k, v in sorted(_flat(overrides or {}).items()))
+    job = StageJob(stage="rl", home=str(home), run_name=f"bench-{tag}", profile="tiny", init_model=init,
+                   data_ref=rl_ref, config=cfg.model_dump(), fingerprint=tag)
+    result = train_rl(StageHarness(job))
+    stage_path = StageHarness(job).path
+    records = StageHarness(job).steps.records()
+    curve, done = [], 0
+    with tempfile.TemporaryDirectory(prefix="bench-rl-ckpt-") as out:
+        for steps in sorted(checkpoints):
+            path = result["path"] if steps == last else checkpoint_model(stage_path, steps, result["path"], Path(out))
+            curve.append((steps, heldout_pass1(path, home)))
+            window = [r for r in records if done <= r["step"] < steps and "clip_fraction" in r]
+            clipped = statistics.mean(r["clip_fraction"] for r in window) if window else float("nan")
+            last_pass = [r["last_epoch_clip_fraction"] for r in window if "last_epoch_clip_fraction" in r]
+            extra = f", last pass {statistics.mean(last_pass):.4f}" if last_pass else ""
+            print(f"  seed {seed} {loss:5s} {steps:3d} steps: held-out pass@1 {curve[-1][1]:.3f} "
+                  f"(tokens out of the clip band per update, steps {done}-{steps}: {clipped:.4f}{extra})", flush=True)
+            done = steps
     return curve
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
 
 
 def steps_to(curve: list[tuple[int, float]], target: float) -> int | None:
@@ -136,21 +178,59 @@ def fmt(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {sd:.3f}"
 
 
+def compare_losses(home: Path, seeds: list[int], checkpoints: list[int], target: float, overrides: dict,
+                   retrain: frozenset[int] = frozenset()) -> None:
+    """CISPO and GRPO from each seed's DPO model: the training stages of the seeds in ``retrain``
+    run again first, so that the warehouse holds their DPO model and RL prompts; the other
+    seeds start from the DPO model the warehouse holds."""
+    print(f"\nCISPO vs GRPO: RL steps to held-out pass@1 >= {target:.3f} (checkpoints {checkpoints}, "
+          f"RL settings {overrides or 'as the profile'})")
+    need: dict[str, list[int]] = {"cispo": [], "grpo": []}
+    curves: dict[str, list[list[tuple[int, float]]]] = {"cispo": [], "grpo": []}
+    for seed in seeds:
+        if seed in retrain:
+            run_seed(home, seed, first=False)
+        for loss in ("cispo", "grpo"):
+            curve = rl_curve(home, seed, loss, checkpoints, overrides)
+            curves[loss].append(curve)
+            reached = steps_to(curve, target)
+            # not reached: counted as twice the last checkpoint (a lower bound on the cost)
+            need[loss].append(reached if reached is not None else 2 * max(checkpoints))
+    print(f"\n{'steps':>6s}" + "".join(f"{loss + ' (mean ± sd)':>22s}" for loss in curves))
+    for i, steps in enumerate(sorted(checkpoints)):
+        print(f"{steps:6d}" + "".join(f"{fmt([c[i][1] for c in curves[loss]]):>22s}" for loss in curves))
+    mean = {k: statistics.mean(v) for k, v in need.items()}
+    print(f"steps to {target:.3f}: cispo {need['cispo']} (mean {mean['cispo']:.1f}), "
+          f"grpo {need['grpo']} (mean {mean['grpo']:.1f})")
+    print(f"ratio cispo/grpo: {mean['cispo'] / mean['grpo']:.2f}x  (paper: about 0.5; goal <= 0.6)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--checkpoints", type=int, nargs="+", default=[10, 20, 40, 60],
-                    help="RL step counts at which held-out pass@1 is measured")
+                    help="RL step counts at which held-out pass@1 is measured (one run per loss and seed)")
     ap.add_argument("--target", type=float, default=None,
                     help="held-out pass@1 to reach (default: DPO's mean + half of RL's mean gain)")
     ap.add_argument("--rl", action="append", default=[], metavar="KEY=VALUE",
-                    help="RL settings for the CISPO/GRPO runs, e.g. updates_per_batch=8, lr=0.001, "
-                         "rollout_engine.kind=serve-model, rollout_engine.max_staleness=4")
+                    help="RL settings for the CISPO/GRPO runs, e.g. updates_per_batch=8, epochs_per_batch=4, "
+                         "lr=0.001, rollout_engine.kind=serve-model, rollout_engine.max_staleness=4")
+    ap.add_argument("--home", type=Path, default=None,
+                    help="skip the ladder: compare the losses from a copy of this finished tiny pipeline home "
+                         "(its DPO model and RL prompts for every seed; the seeds then vary RL alone); needs --target")
     args = ap.parse_args()
     overrides = rl_overrides(args.rl)
+    if args.home is not None and args.target is None:
+        raise SystemExit("--home needs --target (there is no ladder over seeds to place it)")
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
         home = Path(tmp)
         os.environ["POSTTRAIN_HOME"] = tmp
+        if args.home is not None:
+            import shutil
+
+            shutil.copytree(args.home, home, dirs_exist_ok=True, ignore=shutil.ignore_patterns("prefect"))
+            compare_losses(home, args.seeds, args.checkpoints, args.target, overrides)
+            return
         ladders = []
         for i, seed in enumerate(args.seeds):
             t0 = time.time()
@@ -164,20 +244,9 @@ def main() -> None:
             print(f"{fam:34s}" + "".join(f"{fmt([lad[fam][s] for lad in ladders]):>18s}" for s in STAGES))
         pooled = {s: statistics.mean(lad["synthetic_heldout"][s] for lad in ladders) for s in STAGES}
         target = args.target if args.target is not None else pooled["dpo_long"] + (pooled["rl"] - pooled["dpo_long"]) / 2
-        print(f"\nCISPO vs GRPO: RL steps to held-out pass@1 >= {target:.3f} (checkpoints {args.checkpoints}, "
-              f"RL settings {overrides or 'as the profile'})")
-        need: dict[str, list[int]] = {"cispo": [], "grpo": []}
-        for seed in args.seeds:
-            # each seed's DPO model and RL prompts: re-run its training so the warehouse holds them
-            if seed != args.seeds[-1]:
-                run_seed(home, seed, first=False)
-            for loss in ("cispo", "grpo"):
-                reached = steps_to(rl_curve(home, seed, loss, args.checkpoints, overrides), target)
-                # not reached: counted as twice the last checkpoint (a lower bound on the cost)
-                need[loss].append(reached if reached is not None else 2 * args.checkpoints[-1])
-        mean = {k: statistics.mean(v) for k, v in need.items()}
-        print(f"steps: cispo {need['cispo']} (mean {mean['cispo']:.1f}), grpo {need['grpo']} (mean {mean['grpo']:.1f})")
-        print(f"ratio cispo/grpo: {mean['cispo'] / mean['grpo']:.2f}x  (paper: about 0.5; goal <= 0.6)")
+        # the last seed's DPO model and RL prompts are in the warehouse; the others' are made again
+        compare_losses(home, [args.seeds[-1], *args.seeds[:-1]], args.checkpoints, target, overrides,
+                       retrain=frozenset(args.seeds[:-1]))
 
 
 if __name__ == "__main__":
