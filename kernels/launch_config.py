@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 HOPPER_SHARED_MEMORY_BYTES = 232_448  # per block, 227 KiB (H100 / H200)
-KERNELS = ("states_fwd", "output", "states_bwd", "dv", "dqk")
+KERNELS = ("state_scan", "output", "dv", "dqk")
 HEAD_KERNELS = ("logits", "matmul")
 
 # tl.dot's input_precision for fp32 tiles: never the silent TF32 default (~1e-3 relative).
@@ -36,7 +36,7 @@ _MAX_CHUNK = 64  # BT: the intra-chunk work is BT x BT per chunk; 64 is what fla
 
 @dataclass(frozen=True)
 class LightningLaunch:
-    """Tiles and pipeline depth shared by the five kernels of one call.
+    """Tiles and pipeline depth shared by the four kernels of one call.
 
     block_t is the chunk length (tokens per chunk), block_k / block_v the key / value tiles;
     a program owns one value tile (output, dv), one key tile (dqk) or one key x value tile of
@@ -58,9 +58,7 @@ class LightningLaunch:
     def kernel_tiles(self, kernel: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[tuple[int, int]]]:
         """(tiles loaded in the main loop, other dot operands, right-hand dot operands) of a kernel."""
         bt, bk, bv = self.block_t, self.block_k, self.block_v
-        if kernel == "states_fwd":  # loop over chunks: state += (k * decay)^T v
-            return [(bt, bk), (bt, bv)], [(bt, bk)], [(bt, bv)]
-        if kernel == "states_bwd":  # loop over chunks, reversed: dstate += (q * decay)^T do
+        if kernel == "state_scan":  # loop over chunks: state += (k * decay)^T v (reversed: q, do)
             return [(bt, bk), (bt, bv)], [(bt, bk)], [(bt, bv)]
         if kernel in ("output", "dv"):  # loop over key tiles: q k^T and q h (dv: k q^T, k dh)
             return ([(bt, bk), (bt, bk), (bk, bv)], [(bt, bv), (bt, bt)],

@@ -4,13 +4,13 @@ The sequence is cut into chunks of BT tokens. Only the [K, V] state crosses a ch
 so the work splits into a thin sequential pass and wide parallel ones (the design of fla's
 ``chunk_simple_gla``):
 
-  forward   states_fwd  one program per (key tile, value tile, sequence·head) walks the chunks
+  forward   state scan  one program per (key tile, value tile, sequence·head) walks the chunks
                         and stores the state entering each one: S_{n+1} = g^L S_n + (k*g^(L-1-j))^T v
             output      one program per (value tile, chunk, batch·head), all chunks at once:
                         o = ((q k^T) * D) v + g^(i+1) q S_n
-  backward  states_fwd  again (states are recomputed, not kept from the forward)
-            states_bwd  reverse walk storing the gradient of the state leaving each chunk:
-                        dS_n = g^L dS_{n+1} + (q*g^(i+1))^T do;  dS_0 is d initial_state
+  backward  state scan  again (states are recomputed, not kept from the forward)
+            state scan  reversed, over (q, do), storing the gradient of the state leaving each
+                        chunk: dS_n = g^L dS_{n+1} + (q*g^(i+1))^T do;  dS_0 is d initial_state
             dv          per (value tile, chunk, batch·head): (k q^T * D^T) do + g^(L-1-j) k dS_{n+1}
             dqk         per (key tile, chunk, batch·head): dq and dk from (do v^T * D), do S_n^T, v dS^T
 
@@ -116,34 +116,50 @@ def _intra_decay(s, BT: tl.constexpr, TRANSPOSED: tl.constexpr):
 
 
 @triton.jit
-def _states_fwd_kernel(
-    k, v, slope, states, h0, ht, cu_seqlens, chunk_offsets,
+def _state_scan_kernel(
+    a, b, slope, per_chunk, start, end, cu_seqlens, chunk_offsets,
     T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_START: tl.constexpr, STORE_END: tl.constexpr, REVERSE: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    """The walk over one sequence's chunks, for one (key tile, value tile, sequence·head);
+    before each chunk it stores what it carries into ``per_chunk``.
+
+    forward,  (a, b) = (k, v):   S_{n+1} = g^L S_n + (k * g^(L-1-j))^T v, from start = h0 to end = ht;
+    REVERSE,  (a, b) = (q, do):  dS_n = g^L dS_{n+1} + (q * g^(i+1))^T do, from dht to dh0,
+                                 so per_chunk[n] is dS_{n+1}, the gradient of the state leaving n.
+    """
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     token_row, chunk_row, seq_len = _sequence_start(i_n, i_h, cu_seqlens, chunk_offsets, T, NC, H, IS_VARLEN)
     s = tl.load(slope + i_h).to(tl.float32)
     state_base = i_nh.to(tl.int64) * K * V + (i_k * BK) * V
 
-    state = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_INITIAL_STATE:
-        state = _load_tile(h0 + state_base, K - i_k * BK, V, i_v * BV, V, BK, BV).to(tl.float32)
-    for i_t in range(tl.cdiv(seq_len, BT)):
-        _store_tile(states + (chunk_row + i_t) * K * V + (i_k * BK) * V, state, K - i_k * BK, V,
+    carried = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_START:
+        carried = _load_tile(start + state_base, K - i_k * BK, V, i_v * BV, V, BK, BV).to(tl.float32)
+    n_chunks = tl.cdiv(seq_len, BT)
+    for step in range(n_chunks):
+        if REVERSE:
+            i_t = n_chunks - 1 - step
+        else:
+            i_t = step
+        _store_tile(per_chunk + (chunk_row + i_t) * K * V + (i_k * BK) * V, carried, K - i_k * BK, V,
                     i_v * BV, V, BK, BV)
         chunk_len = tl.minimum(seq_len - i_t * BT, BT)
         row0 = token_row + i_t * BT
-        b_k = _load_tile(k + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
-        b_v = _load_tile(v + row0 * V, chunk_len, V, i_v * BV, V, BT, BV)
-        _, key_decay = _query_key_decays(s, chunk_len, BT)
-        b_kd = (b_k.to(tl.float32) * key_decay[:, None]).to(b_k.dtype)
-        state = state * tl.exp(-s * chunk_len) + tl.dot(tl.trans(b_kd), b_v, input_precision=DOT_PRECISION)
-    if STORE_FINAL_STATE:
-        _store_tile(ht + state_base, state, K - i_k * BK, V, i_v * BV, V, BK, BV)
+        b_a = _load_tile(a + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
+        b_b = _load_tile(b + row0 * V, chunk_len, V, i_v * BV, V, BT, BV)
+        query_decay, key_decay = _query_key_decays(s, chunk_len, BT)
+        if REVERSE:
+            decay = query_decay
+        else:
+            decay = key_decay
+        b_ad = (b_a.to(tl.float32) * decay[:, None]).to(b_a.dtype)
+        carried = carried * tl.exp(-s * chunk_len) + tl.dot(tl.trans(b_ad), b_b, input_precision=DOT_PRECISION)
+    if STORE_END:
+        _store_tile(end + state_base, carried, K - i_k * BK, V, i_v * BV, V, BK, BV)
 
 
 @triton.jit
@@ -176,40 +192,6 @@ def _output_kernel(
 
 
 # --------------------------------------------------------------------------- backward
-
-
-@triton.jit
-def _states_bwd_kernel(
-    q, do, slope, dstates, dht, dh0, cu_seqlens, chunk_offsets,
-    T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_FINAL_STATE_GRAD: tl.constexpr, STORE_INITIAL_STATE_GRAD: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """Reverse walk: before chunk n it stores dS_{n+1}, the gradient of the state leaving it."""
-    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, i_h = i_nh // H, i_nh % H
-    token_row, chunk_row, seq_len = _sequence_start(i_n, i_h, cu_seqlens, chunk_offsets, T, NC, H, IS_VARLEN)
-    s = tl.load(slope + i_h).to(tl.float32)
-    state_base = i_nh.to(tl.int64) * K * V + (i_k * BK) * V
-
-    d_state = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_FINAL_STATE_GRAD:
-        d_state = _load_tile(dht + state_base, K - i_k * BK, V, i_v * BV, V, BK, BV).to(tl.float32)
-    n_chunks = tl.cdiv(seq_len, BT)
-    for i_rev in range(n_chunks):
-        i_t = n_chunks - 1 - i_rev
-        _store_tile(dstates + (chunk_row + i_t) * K * V + (i_k * BK) * V, d_state, K - i_k * BK, V,
-                    i_v * BV, V, BK, BV)
-        chunk_len = tl.minimum(seq_len - i_t * BT, BT)
-        row0 = token_row + i_t * BT
-        b_q = _load_tile(q + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
-        b_do = _load_tile(do + row0 * V, chunk_len, V, i_v * BV, V, BT, BV)
-        query_decay, _ = _query_key_decays(s, chunk_len, BT)
-        b_qd = (b_q.to(tl.float32) * query_decay[:, None]).to(b_q.dtype)
-        d_state = d_state * tl.exp(-s * chunk_len) + tl.dot(tl.trans(b_qd), b_do, input_precision=DOT_PRECISION)
-    if STORE_INITIAL_STATE_GRAD:
-        _store_tile(dh0 + state_base, d_state, K - i_k * BK, V, i_v * BV, V, BK, BV)
 
 
 @triton.jit
@@ -319,14 +301,17 @@ def _chunk_states(k, v, slope, h0, want_final, chunking: _Chunking, launch: Ligh
     v_dim = v.shape[-1]
     states = k.new_empty(batch, heads, chunking.n_chunks, k_dim, v_dim)
     final = k.new_empty(n_seqs, heads, k_dim, v_dim, dtype=torch.float32) if want_final else None
-    grid = (triton.cdiv(k_dim, launch.block_k), triton.cdiv(v_dim, launch.block_v), n_seqs * heads)
-    _states_fwd_kernel[grid](
+    _state_scan_kernel[_scan_grid(k, v, launch, n_seqs)](
         k, v, slope, states, h0, final, chunking.cu_seqlens, chunking.chunk_offsets,
         seq_len, chunking.n_chunks, heads, k_dim, v_dim,
-        USE_INITIAL_STATE=h0 is not None, STORE_FINAL_STATE=want_final, IS_VARLEN=chunking.is_varlen,
+        USE_START=h0 is not None, STORE_END=want_final, REVERSE=False, IS_VARLEN=chunking.is_varlen,
         **_launch_kwargs(launch),
     )
     return states, final
+
+
+def _scan_grid(k, v, launch: LightningLaunch, n_seqs: int) -> tuple[int, int, int]:
+    return triton.cdiv(k.shape[-1], launch.block_k), triton.cdiv(v.shape[-1], launch.block_v), n_seqs * k.shape[1]
 
 
 class LightningAttnFunction(torch.autograd.Function):
@@ -367,10 +352,10 @@ class LightningAttnFunction(torch.autograd.Function):
         states, _ = _chunk_states(k, v, slope, h0, False, chunking, launch, n_seqs)
         dstates = torch.empty_like(states)
         dh0 = torch.empty_like(h0) if h0 is not None else None
-        _states_bwd_kernel[(triton.cdiv(k_dim, launch.block_k), triton.cdiv(v_dim, launch.block_v), n_seqs * heads)](
+        _state_scan_kernel[_scan_grid(k, v, launch, n_seqs)](
             q, d_out, slope, dstates, dht, dh0, *shared, *sizes,
-            USE_FINAL_STATE_GRAD=dht is not None, STORE_INITIAL_STATE_GRAD=dh0 is not None,
-            IS_VARLEN=chunking.is_varlen, **_launch_kwargs(launch),
+            USE_START=dht is not None, STORE_END=dh0 is not None, REVERSE=True, IS_VARLEN=chunking.is_varlen,
+            **_launch_kwargs(launch),
         )
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         _dv_kernel[(triton.cdiv(v_dim, launch.block_v), chunking.n_chunks, batch * heads)](
