@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 HOPPER_SHARED_MEMORY_BYTES = 232_448  # per block, 227 KiB (H100 / H200)
-KERNELS = ("state_scan", "output", "dv", "dqk")
+KERNELS = ("state_scan", "value_tile", "dqk")
 HEAD_KERNELS = ("logits", "matmul")
 
 # tl.dot's input_precision for fp32 tiles: never the silent TF32 default (~1e-3 relative).
@@ -36,7 +36,7 @@ _MAX_CHUNK = 64  # BT: the intra-chunk work is BT x BT per chunk; 64 is what fla
 
 @dataclass(frozen=True)
 class LightningLaunch:
-    """Tiles and pipeline depth shared by the four kernels of one call.
+    """Tiles and pipeline depth shared by the three kernels of one call.
 
     block_t is the chunk length (tokens per chunk), block_k / block_v the key / value tiles;
     a program owns one value tile (output, dv), one key tile (dqk) or one key x value tile of
@@ -60,7 +60,7 @@ class LightningLaunch:
         bt, bk, bv = self.block_t, self.block_k, self.block_v
         if kernel == "state_scan":  # loop over chunks: state += (k * decay)^T v (reversed: q, do)
             return [(bt, bk), (bt, bv)], [(bt, bk)], [(bt, bv)]
-        if kernel in ("output", "dv"):  # loop over key tiles: q k^T and q h (dv: k q^T, k dh)
+        if kernel == "value_tile":  # loop over key tiles: q k^T and q S (for dv: k q^T and k dS)
             return ([(bt, bk), (bt, bk), (bk, bv)], [(bt, bv), (bt, bt)],
                     [(bk, bt), (bk, bv), (bt, bv)])
         if kernel == "dqk":  # loop over value tiles: do v^T, do h^T, v dh^T; then dP k, dP^T q

@@ -6,12 +6,12 @@ so the work splits into a thin sequential pass and wide parallel ones (the desig
 
   forward   state scan  one program per (key tile, value tile, sequence·head) walks the chunks
                         and stores the state entering each one: S_{n+1} = g^L S_n + (k*g^(L-1-j))^T v
-            output      one program per (value tile, chunk, batch·head), all chunks at once:
+            value tile  one program per (value tile, chunk, batch·head), all chunks at once:
                         o = ((q k^T) * D) v + g^(i+1) q S_n
   backward  state scan  again (states are recomputed, not kept from the forward)
             state scan  reversed, over (q, do), storing the gradient of the state leaving each
                         chunk: dS_n = g^L dS_{n+1} + (q*g^(i+1))^T do;  dS_0 is d initial_state
-            dv          per (value tile, chunk, batch·head): (k q^T * D^T) do + g^(L-1-j) k dS_{n+1}
+            value tile  transposed, for dv: ((k q^T) * D^T) do + g^(L-1-j) k dS_{n+1}
             dqk         per (key tile, chunk, batch·head): dq and dk from (do v^T * D), do S_n^T, v dS^T
 
 Every program owns its output tile and loops over the contracted dimension, so no partial
@@ -56,10 +56,10 @@ def _sequence_start(i_n, i_h, cu_seqlens, chunk_offsets, T, NC, H: tl.constexpr,
 
 
 @triton.jit
-def _chunk_of_program(i_c, i_nh, cu_seqlens, chunk_offsets, chunk_indices, T, NC,
-                      H: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """(head, chunk index within its sequence, token row of the chunk's first token, state row
-    of the chunk, tokens in the chunk's sequence) for a program of the chunk-parallel grid."""
+def _chunk_of_program(i_c, i_nh, slope, cu_seqlens, chunk_offsets, chunk_indices, T, NC,
+                      H: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """For a program of the chunk-parallel grid: its head's decay rate, the token row of its
+    chunk's first token, the chunk's length and the row of its state in the per-chunk states."""
     i_h = i_nh % H
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_c * 2)
@@ -68,7 +68,8 @@ def _chunk_of_program(i_c, i_nh, cu_seqlens, chunk_offsets, chunk_indices, T, NC
         i_n = i_nh // H
         i_t = i_c
     token_row, chunk_row, seq_len = _sequence_start(i_n, i_h, cu_seqlens, chunk_offsets, T, NC, H, IS_VARLEN)
-    return i_h, i_t, token_row, chunk_row + i_t, seq_len
+    s = tl.load(slope + i_h).to(tl.float32)
+    return s, token_row + i_t * BT, tl.minimum(seq_len - i_t * BT, BT), chunk_row + i_t
 
 
 @triton.jit
@@ -163,65 +164,41 @@ def _state_scan_kernel(
 
 
 @triton.jit
-def _output_kernel(
-    q, k, v, states, slope, o, cu_seqlens, chunk_offsets, chunk_indices,
+def _value_tile_kernel(
+    x, y, z, states, slope, out, cu_seqlens, chunk_offsets, chunk_indices,
     T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, TRANSPOSED: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    """One chunk's [BT, BV] tile of (x y^T * M) z + decay * (x S), looping over key tiles:
+
+    output,            (x, y, z, S) = (q, k, v, S_n):      M = D,   decay_i = g^(i+1)
+    dv, TRANSPOSED,    (x, y, z, S) = (k, q, do, dS_{n+1}): M = D^T, decay_j = g^(L-1-j)
+    """
     i_v, i_c, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_h, i_t, token_row, state_row, seq_len = _chunk_of_program(
-        i_c, i_nh, cu_seqlens, chunk_offsets, chunk_indices, T, NC, H, IS_VARLEN)
-    s = tl.load(slope + i_h).to(tl.float32)
-    chunk_len = tl.minimum(seq_len - i_t * BT, BT)
-    row0 = token_row + i_t * BT
+    s, row0, chunk_len, state_row = _chunk_of_program(
+        i_c, i_nh, slope, cu_seqlens, chunk_offsets, chunk_indices, T, NC, H, BT, IS_VARLEN)
 
     scores = tl.zeros([BT, BT], dtype=tl.float32)
     from_state = tl.zeros([BT, BV], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        b_q = _load_tile(q + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
-        b_k = _load_tile(k + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
-        b_h = _load_tile(states + state_row * K * V + (i_k * BK) * V, K - i_k * BK, V, i_v * BV, V, BK, BV)
-        scores += tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
-        from_state += tl.dot(b_q, b_h.to(b_q.dtype), input_precision=DOT_PRECISION)
-    query_decay, _ = _query_key_decays(s, chunk_len, BT)
-    b_v = _load_tile(v + row0 * V, chunk_len, V, i_v * BV, V, BT, BV)
-    scores = (scores * _intra_decay(s, BT, False)).to(b_v.dtype)
-    b_o = from_state * query_decay[:, None] + tl.dot(scores, b_v, input_precision=DOT_PRECISION)
-    _store_tile(o + row0 * V, b_o, chunk_len, V, i_v * BV, V, BT, BV)
+        b_x = _load_tile(x + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
+        b_y = _load_tile(y + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
+        b_s = _load_tile(states + state_row * K * V + (i_k * BK) * V, K - i_k * BK, V, i_v * BV, V, BK, BV)
+        scores += tl.dot(b_x, tl.trans(b_y), input_precision=DOT_PRECISION)
+        from_state += tl.dot(b_x, b_s.to(b_x.dtype), input_precision=DOT_PRECISION)
+    query_decay, key_decay = _query_key_decays(s, chunk_len, BT)
+    if TRANSPOSED:
+        decay = key_decay
+    else:
+        decay = query_decay
+    b_z = _load_tile(z + row0 * V, chunk_len, V, i_v * BV, V, BT, BV)
+    scores = (scores * _intra_decay(s, BT, TRANSPOSED)).to(b_z.dtype)
+    b_out = from_state * decay[:, None] + tl.dot(scores, b_z, input_precision=DOT_PRECISION)
+    _store_tile(out + row0 * V, b_out, chunk_len, V, i_v * BV, V, BT, BV)
 
 
 # --------------------------------------------------------------------------- backward
-
-
-@triton.jit
-def _dv_kernel(
-    q, k, do, dstates, slope, dv, cu_seqlens, chunk_offsets, chunk_indices,
-    T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """dv_j = sum_{i>=j} (q_i . k_j) g^(i-j) do_i + g^(L-1-j) k_j dS_{n+1}."""
-    i_v, i_c, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_h, i_t, token_row, state_row, seq_len = _chunk_of_program(
-        i_c, i_nh, cu_seqlens, chunk_offsets, chunk_indices, T, NC, H, IS_VARLEN)
-    s = tl.load(slope + i_h).to(tl.float32)
-    chunk_len = tl.minimum(seq_len - i_t * BT, BT)
-    row0 = token_row + i_t * BT
-
-    scores_t = tl.zeros([BT, BT], dtype=tl.float32)  # [key j, query i]
-    from_state = tl.zeros([BT, BV], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        b_q = _load_tile(q + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
-        b_k = _load_tile(k + row0 * K, chunk_len, K, i_k * BK, K, BT, BK)
-        b_dh = _load_tile(dstates + state_row * K * V + (i_k * BK) * V, K - i_k * BK, V, i_v * BV, V, BK, BV)
-        scores_t += tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PRECISION)
-        from_state += tl.dot(b_k, b_dh.to(b_k.dtype), input_precision=DOT_PRECISION)
-    _, key_decay = _query_key_decays(s, chunk_len, BT)
-    b_do = _load_tile(do + row0 * V, chunk_len, V, i_v * BV, V, BT, BV)
-    scores_t = (scores_t * _intra_decay(s, BT, True)).to(b_do.dtype)
-    b_dv = from_state * key_decay[:, None] + tl.dot(scores_t, b_do, input_precision=DOT_PRECISION)
-    _store_tile(dv + row0 * V, b_dv, chunk_len, V, i_v * BV, V, BT, BV)
 
 
 @triton.jit
@@ -234,11 +211,8 @@ def _dqk_kernel(
     """dq_i = sum_{j<=i} (do_i . v_j) g^(i-j) k_j + g^(i+1) do_i S_n^T,
     dk_j = sum_{i>=j} (do_i . v_j) g^(i-j) q_i + g^(L-1-j) v_j dS_{n+1}^T."""
     i_k, i_c, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_h, i_t, token_row, state_row, seq_len = _chunk_of_program(
-        i_c, i_nh, cu_seqlens, chunk_offsets, chunk_indices, T, NC, H, IS_VARLEN)
-    s = tl.load(slope + i_h).to(tl.float32)
-    chunk_len = tl.minimum(seq_len - i_t * BT, BT)
-    row0 = token_row + i_t * BT
+    s, row0, chunk_len, state_row = _chunk_of_program(
+        i_c, i_nh, slope, cu_seqlens, chunk_offsets, chunk_indices, T, NC, H, BT, IS_VARLEN)
     state_base = state_row * K * V + (i_k * BK) * V
 
     d_scores = tl.zeros([BT, BT], dtype=tl.float32)  # [query i, key j]
@@ -328,9 +302,9 @@ class LightningAttnFunction(torch.autograd.Function):
 
         states, final_state = _chunk_states(k, v, slope, h0, output_final_state, chunking, launch, n_seqs)
         out = torch.empty_like(v)
-        _output_kernel[(triton.cdiv(v_dim, launch.block_v), chunking.n_chunks, batch * heads)](
+        _value_tile_kernel[(triton.cdiv(v_dim, launch.block_v), chunking.n_chunks, batch * heads)](
             q, k, v, states, slope, out, chunking.cu_seqlens, chunking.chunk_offsets, chunking.chunk_indices,
-            seq_len, chunking.n_chunks, heads, k_dim, v_dim, IS_VARLEN=chunking.is_varlen,
+            seq_len, chunking.n_chunks, heads, k_dim, v_dim, TRANSPOSED=False, IS_VARLEN=chunking.is_varlen,
             **_launch_kwargs(launch),
         )
         ctx.save_for_backward(q, k, v, slope, h0)
@@ -358,9 +332,9 @@ class LightningAttnFunction(torch.autograd.Function):
             **_launch_kwargs(launch),
         )
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        _dv_kernel[(triton.cdiv(v_dim, launch.block_v), chunking.n_chunks, batch * heads)](
-            q, k, d_out, dstates, slope, dv, *shared, chunking.chunk_indices, *sizes,
-            IS_VARLEN=chunking.is_varlen, **_launch_kwargs(launch),
+        _value_tile_kernel[(triton.cdiv(v_dim, launch.block_v), chunking.n_chunks, batch * heads)](
+            k, q, d_out, dstates, slope, dv, *shared, chunking.chunk_indices, *sizes,
+            TRANSPOSED=True, IS_VARLEN=chunking.is_varlen, **_launch_kwargs(launch),
         )
         _dqk_kernel[(triton.cdiv(k_dim, launch.block_k), chunking.n_chunks, batch * heads)](
             q, k, v, d_out, states, dstates, slope, dq, dk, *shared, chunking.chunk_indices, *sizes,
