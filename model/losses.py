@@ -43,20 +43,45 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     """(log-prob, entropy, auxiliary loss) of every next token, [B, T-1] each.
 
     ``logp[:, t]`` scores ``labels[:, t+1]`` (labels default to input_ids; -100 is ignored).
-    Models that expose ``fused_token_logprobs`` (the in-house hybrid) go through the fused FP32
-    kernel that never builds full-vocabulary logits; any other causal LM through its logits.
+    Models that expose ``fused_token_logprobs`` (the in-house hybrid), and transformers models
+    whose ``lm_head`` was adopted as the fused head (``model.loading`` does it on load), go
+    through the fused FP32 kernel that never builds full-vocabulary logits; any other causal LM
+    through its logits, upcast to FP32.
     The auxiliary loss is the MoE balance loss already scaled by its coefficient (0 if none).
     """
     labels = input_ids if labels is None else labels
     if hasattr(model, "fused_token_logprobs"):
         logp, entropy, aux = model.fused_token_logprobs(input_ids, attention_mask, labels, with_aux=True)
         return logp, entropy, aux * _aux_coefficient(model)
-    out = model(input_ids=input_ids, attention_mask=attention_mask)
     targets = labels[:, 1:]
     if attention_mask is not None:
         targets = targets.masked_fill(attention_mask[:, 1:] == 0, IGNORE_INDEX)
-    logp, entropy = logprobs_from_logits(out.logits[:, :-1], targets)
+    logp, entropy = _hf_scores(model, targets, input_ids=input_ids, attention_mask=attention_mask)
     return logp, entropy, logp.new_zeros(())
+
+
+def _fused_hf_head(model):
+    """(decoder, head) of a transformers causal LM whose ``lm_head`` was adopted as the fused FP32
+    head (``model.loading.adopt_fused_head``), else None."""
+    from model.hybrid import FusedLogprobHead
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, FusedLogprobHead) and hasattr(model, "get_decoder"):
+        return model.get_decoder(), head
+    return None
+
+
+def _hf_scores(model, targets: torch.Tensor, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP32 log-prob and entropy of ``targets`` (the next token of each input position but the
+    last) for a transformers causal LM: from the decoder's final hidden states through the fused
+    head when it has one (both calls are module calls, so ZeRO-3 gathers their weights), else from
+    its logits upcast to FP32."""
+    fused = _fused_hf_head(model)
+    if fused is not None:
+        decoder, head = fused
+        hidden = decoder(**inputs).last_hidden_state
+        return head(hidden[:, :-1], targets)
+    return logprobs_from_logits(model(**inputs).logits[:, :-1], targets)
 
 
 # --------------------------------------------------------------------------- prefix-shared log-probs
@@ -153,10 +178,9 @@ def _forward_chunk(model, layout: PrefixLayout, cache, full_mask: torch.Tensor):
                     labels=layout.chunk_labels)
         return out.token_logprobs, out.entropy, out.aux_loss * _aux_coefficient(model)
     cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    out = model(input_ids=layout.chunk_ids, attention_mask=full_mask, position_ids=positions,
-                **{cache_arg: cache})
     targets = layout.chunk_labels[:, 1:].masked_fill(layout.chunk_mask[:, 1:] == 0, IGNORE_INDEX)
-    logp, entropy = logprobs_from_logits(out.logits[:, :-1], targets)
+    logp, entropy = _hf_scores(model, targets, input_ids=layout.chunk_ids, attention_mask=full_mask,
+                               position_ids=positions, **{cache_arg: cache})
     return logp, entropy, logp.new_zeros(())
 
 
