@@ -66,3 +66,33 @@ def check_synth_roundtrip(task):
            "metadata": instance.metadata_json()}
     assert verify_strict("logic", row, f"<answer>{instance.answer}</answer>") == 1.0, task.name
     assert verify_strict("logic", row, "<answer>definitely wrong</answer>") == 0.0, task.name
+
+
+def test_a_runaway_comparison_ends_in_time_from_any_thread_and_is_counted():
+    """81^129^28 makes sympy evaluate a number of ~10^55 digits: in the main thread math-verify's
+    alarm ends it, in a worker thread (where stages run) the math worker process does."""
+    import threading
+    import time
+
+    from tasks.verify.math import _TIMEOUT_S, MathVerifyTimeout, math_equal
+    from tasks.verify.registry import verify_with_error
+
+    tower = "<answer>19,1 + than 81^129^28 -^2=(1.) = = I</answer>"   # a tiny policy wrote this in RL
+    out: dict = {}
+
+    def in_a_worker_thread():
+        t0 = time.monotonic()
+        out["score"], out["error"] = verify_with_error("math", {"id": "p1", "answer": "0"}, tower)
+        out["seconds"] = time.monotonic() - t0
+        out["plain"] = math_equal("1/2", "0.5")                 # the worker still answers afterwards
+        out["wrong"] = math_equal("3", "4")
+
+    thread = threading.Thread(target=in_a_worker_thread)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), "a math comparison in a worker thread never ended"
+    assert out["score"] == 0.0 and out["error"].startswith("MathVerifyTimeout"), out
+    assert out["seconds"] < 2 * _TIMEOUT_S + 1 + 60          # the limit, plus the worker's start
+    assert out["plain"] is True and out["wrong"] is False
+    with pytest.raises(MathVerifyTimeout):                    # main thread: math-verify's own alarm
+        math_equal("0", "19,1 + than 81^129^28 -^2=(1.) = = I")

@@ -34,8 +34,9 @@ from tasks.genrm.judge import GenRMJudge, GradeRequest, PairRequest
 from tasks.genrm.references import judgment_rows
 from tasks.ingest import RawRecord, expand_paths, read_records, stable_id
 from tasks.rollout.base import RolloutBackend
-from tasks.verify.math import math_equal, verify_math
+from tasks.verify.math import MathVerifyTimeout, math_equal
 from tasks.verify.passk import pass_at_k
+from tasks.verify.registry import verify
 from warehouse import TableRef, Warehouse
 
 log = logging.getLogger("posttrain.genrm.validation")
@@ -60,7 +61,10 @@ def perturb_answer(gold: str, rng: random.Random) -> str | None:
         wrong = gold[:m.start()] + (f"{shifted:g}" if isinstance(shifted, float) else str(shifted)) + gold[m.end():]
     else:
         wrong = f"{gold} + 1"
-    return None if math_equal(gold, wrong) else wrong
+    try:
+        return None if math_equal(gold, wrong) else wrong
+    except MathVerifyTimeout:   # an equivalence math-verify cannot settle is no usable wrong answer
+        return None
 
 
 def boxed_response(answer: str) -> str:
@@ -380,7 +384,8 @@ def best_of_n_gap(judge: GenRMJudge, prompts: pl.DataFrame, backend: RolloutBack
     bon_hits, pass_hits = 0, 0
     for r, cands in zip(rows, candidates):
         graded = [next(decisions) for _ in cands]
-        correct = [verify_math(str(r["answer"]), text) >= 1.0 for text in cands]
+        # through the registry: a candidate the verifier cannot settle in time scores 0, not a crash
+        correct = [verify("math", {"id": r["id"], "answer": str(r["answer"])}, text) >= 1.0 for text in cands]
         bon_hits += correct[best_of_n_choice([d.reward for d in graded], rng)]
         pass_hits += pass_at_k(len(cands), sum(correct), len(cands))
         for i, d in enumerate(graded):

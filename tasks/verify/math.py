@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from math_verify.errors import TimeoutException
 
 from tasks.synth.base import extract_answer as extract_answer_tag
 
@@ -45,6 +46,11 @@ def extract_final_answer(response: str) -> str | None:
     return last_boxed(response)
 
 
+class MathVerifyTimeout(TimeoutError):
+    """math-verify did not decide an equivalence within the time limit (a power tower such as
+    81^129^28 makes sympy evaluate a number with more digits than atoms in the universe)."""
+
+
 def _timeout_s() -> int | None:
     # math-verify times out with signal.alarm, which only works in the main thread.
     return _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
@@ -60,17 +66,92 @@ def parse_math_answer(expression: str) -> list:
     return parsed
 
 
-def math_equal(gold: str, predicted: str) -> bool:
-    """math-verify equivalence of two answer strings, with exact match as the fallback."""
-    if gold.strip() == predicted.strip():
-        return True
+def _equivalent_here(gold: str, predicted: str) -> bool:
+    """math-verify's verdict in this thread, with its own (signal) time limit where it has one."""
     gold_parsed, predicted_parsed = parse_math_answer(gold), parse_math_answer(predicted)
     if not gold_parsed or not predicted_parsed:
         return False
     try:
-        return bool(verify(gold_parsed, predicted_parsed, timeout_seconds=_timeout_s()))
+        return bool(verify(gold_parsed, predicted_parsed, timeout_seconds=_timeout_s(), raise_on_error=True))
+    except TimeoutException:
+        raise MathVerifyTimeout(f"no verdict on {predicted[:120]!r} against {gold[:120]!r} within {_TIMEOUT_S}s") from None
     except Exception:  # noqa: BLE001 - sympy can raise anything on odd input; that is a miss
         return False
+
+
+def _serve(conn) -> None:
+    """The math worker process: verdicts in its main thread, where math-verify's time limit works."""
+    conn.send("ready")
+    while True:
+        try:
+            gold, predicted = conn.recv()
+        except EOFError:      # the parent is gone
+            return
+        try:
+            conn.send(("ok", _equivalent_here(gold, predicted)))
+        except MathVerifyTimeout as e:
+            conn.send(("timeout", str(e)))
+
+
+class _MathWorker:
+    """One child process that decides equivalences for the threads of this process.
+
+    Stage code runs in worker threads (Prefect's task runner, verifier pools), where
+    math-verify has no time limit and a single runaway comparison stalls a whole RL stage. The
+    child times out in its own main thread; past twice that (stuck in C) it is killed and a new
+    one starts on the next call. Calls are serialized: a verdict takes milliseconds.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc = None
+        self._conn = None
+
+    def _start(self) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")   # not fork: the parent runs threads (torch, Prefect)
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="posttrain-math-verify")
+        self._proc.start()
+        child.close()
+        if not self._conn.poll(120) or self._conn.recv() != "ready":
+            self._stop()
+            raise RuntimeError("the math-verify worker process did not start within 120 s")
+
+    def _stop(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
+        self._proc = self._conn = None
+
+    def equivalent(self, gold: str, predicted: str) -> bool:
+        with self._lock:
+            if self._proc is None or not self._proc.is_alive():
+                self._start()
+            self._conn.send((gold, predicted))
+            if not self._conn.poll(2 * _TIMEOUT_S + 1):
+                self._stop()
+                raise MathVerifyTimeout(f"no verdict on {predicted[:120]!r} against {gold[:120]!r}: "
+                                        f"the math worker was killed after {2 * _TIMEOUT_S + 1}s")
+            status, value = self._conn.recv()
+        if status == "timeout":
+            raise MathVerifyTimeout(value)
+        return value
+
+
+_WORKER = _MathWorker()
+
+
+def math_equal(gold: str, predicted: str) -> bool:
+    """math-verify equivalence of two answer strings, with exact match as the fallback. Decided
+    in this thread when it is the main one, else by the math worker process, so that it ends
+    within the time limit from any thread; raises ``MathVerifyTimeout`` when it does not."""
+    if gold.strip() == predicted.strip():
+        return True
+    if threading.current_thread() is threading.main_thread():
+        return _equivalent_here(gold, predicted)
+    return _WORKER.equivalent(gold, predicted)
 
 
 def verify_math(gold: str | None, response: str) -> float:
