@@ -6,6 +6,10 @@ intervals), so "1/2", "0.5" and "\\frac{1}{2}" all match.
 """
 from __future__ import annotations
 
+import json
+import select
+import subprocess
+import sys
 import threading
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
@@ -79,65 +83,53 @@ def _equivalent_here(gold: str, predicted: str) -> bool:
         return False
 
 
-def _serve(conn) -> None:
-    """The math worker process: verdicts in its main thread, where math-verify's time limit works."""
-    conn.send("ready")
-    while True:
-        try:
-            gold, predicted = conn.recv()
-        except EOFError:      # the parent is gone
-            return
-        try:
-            conn.send(("ok", _equivalent_here(gold, predicted)))
-        except MathVerifyTimeout as e:
-            conn.send(("timeout", str(e)))
-
-
 class _MathWorker:
     """One child process that decides equivalences for the threads of this process.
 
     Stage code runs in worker threads (Prefect's task runner, verifier pools), where
     math-verify has no time limit and a single runaway comparison stalls a whole RL stage. The
-    child times out in its own main thread; past twice that (stuck in C) it is killed and a new
-    one starts on the next call. Calls are serialized: a verdict takes milliseconds.
+    child (``python -m tasks.verify._math_worker``: JSON lines over its stdin and stdout, so it
+    never re-imports the caller's main module) times out in its own main thread; past twice
+    that (stuck in C) it is killed and a new one starts on the next call. It exits when its
+    stdin closes, so it never outlives this process. Calls are serialized: a verdict takes
+    milliseconds.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._proc = None
-        self._conn = None
+        self._proc: subprocess.Popen | None = None
 
     def _start(self) -> None:
-        import multiprocessing
-
-        ctx = multiprocessing.get_context("spawn")   # not fork: the parent runs threads (torch, Prefect)
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="posttrain-math-verify")
-        self._proc.start()
-        child.close()
-        if not self._conn.poll(120) or self._conn.recv() != "ready":
+        self._proc = subprocess.Popen([sys.executable, "-m", "tasks.verify._math_worker"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True, bufsize=1)
+        if self._reply(120) != {"status": "ready"}:
             self._stop()
             raise RuntimeError("the math-verify worker process did not start within 120 s")
 
+    def _reply(self, seconds: float) -> dict | None:
+        ready, _, _ = select.select([self._proc.stdout], [], [], seconds)
+        line = self._proc.stdout.readline() if ready else ""
+        return json.loads(line) if line else None
+
     def _stop(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
+        if self._proc is not None:
             self._proc.kill()
-            self._proc.join(5)
-        self._proc = self._conn = None
+            self._proc.wait(5)
+        self._proc = None
 
     def equivalent(self, gold: str, predicted: str) -> bool:
         with self._lock:
-            if self._proc is None or not self._proc.is_alive():
+            if self._proc is None or self._proc.poll() is not None:
                 self._start()
-            self._conn.send((gold, predicted))
-            if not self._conn.poll(2 * _TIMEOUT_S + 1):
+            self._proc.stdin.write(json.dumps({"gold": gold, "predicted": predicted}) + "\n")
+            reply = self._reply(2 * _TIMEOUT_S + 1)
+            if reply is None:
                 self._stop()
                 raise MathVerifyTimeout(f"no verdict on {predicted[:120]!r} against {gold[:120]!r}: "
-                                        f"the math worker was killed after {2 * _TIMEOUT_S + 1}s")
-            status, value = self._conn.recv()
-        if status == "timeout":
-            raise MathVerifyTimeout(value)
-        return value
+                                        f"the math worker was stopped after {2 * _TIMEOUT_S + 1}s")
+        if reply["status"] == "timeout":
+            raise MathVerifyTimeout(reply["message"])
+        return bool(reply["equal"])
 
 
 _WORKER = _MathWorker()
