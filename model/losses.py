@@ -15,6 +15,7 @@ Eq. 7 mask variant).
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 import weakref
 from typing import Literal, NamedTuple
@@ -97,10 +98,10 @@ class SharedLogprobs(NamedTuple):
 
 
 class PrefixLayout(NamedTuple):
-    """A right-padded prompt+response batch cut into each distinct prompt's prefix (all its
-    tokens but the last, left-padded) and each row's chunk (the prompt's last token, then the
-    response, right-padded). The chunk starts at the prompt's last token so that the first
-    response token is scored inside the chunk's own forward."""
+    """A right-padded prompt+response batch cut into shared prefixes (each encoded once,
+    left-padded) and each row's chunk (the rest of the row, right-padded). Rows sharing a prefix
+    share the leading tokens of their prompts; a row's chunk starts no later than its prompt's
+    last token, so that every scored token is scored inside the chunk's own forward."""
 
     prefix_ids: torch.Tensor      # [P, W]
     prefix_mask: torch.Tensor     # [P, W]
@@ -118,21 +119,72 @@ def response_starts(attention_mask: torch.Tensor, labels: torch.Tensor) -> torch
     return first.clamp(min=1)
 
 
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def shared_prefix_groups(prompts: list[tuple[int, ...]]) -> list[tuple[list[int], int]]:
+    """Rows grouped to share the leading tokens of their prompts: (rows, shared length) per group,
+    choosing the groups that encode the fewest tokens (a one-level prefix-tree merge).
+
+    A row may share at most its prompt minus the last token; rows with identical prompts always
+    share all of that. Distinct prompts join a group when sharing their common start saves more
+    than keeping each its own: in sorted order the common prefix of a run of prompts is the
+    smallest common prefix of neighbours, so the best grouping is a partition of the sorted
+    distinct prompts into runs, found exactly by dynamic programming over run ends (a run of
+    ``m`` rows sharing ``L`` tokens saves ``(m - 1) * L``).
+    """
+    members: dict[tuple[int, ...], list[int]] = {}
+    for row, prompt in enumerate(prompts):
+        members.setdefault(prompt, []).append(row)
+    units = sorted(members)
+    cap = [len(u) - 1 for u in units]
+    count = [len(members[u]) for u in units]
+    neighbour = [_common_prefix(a, b) for a, b in itertools.pairwise(units)]
+    best, start = [0] * (len(units) + 1), [0] * (len(units) + 1)
+    for end in range(1, len(units) + 1):          # runs units[begin:end]
+        best[end], start[end] = best[end - 1] + (count[end - 1] - 1) * cap[end - 1], end - 1
+        shared, rows = cap[end - 1], count[end - 1]
+        for begin in range(end - 2, -1, -1):
+            shared, rows = min(shared, neighbour[begin], cap[begin]), rows + count[begin]
+            if shared <= 0:
+                break
+            if best[begin] + (rows - 1) * shared > best[end]:
+                best[end], start[end] = best[begin] + (rows - 1) * shared, begin
+    groups, end = [], len(units)
+    while end > 0:
+        begin = start[end]
+        shared = min(cap[begin:end] + neighbour[begin:end - 1])
+        groups.append((sorted(r for u in units[begin:end] for r in members[u]), shared))
+        end = begin
+    return sorted(groups)
+
+
 def prefix_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
                   pad_id: int = 0) -> PrefixLayout:
-    """Rows with identical prompts share one prefix, whatever their position in the batch."""
+    """Rows share one prefix where their prompts begin alike (``shared_prefix_groups``), whatever
+    their position in the batch: the G responses of an RL prompt, or SFT examples whose prompts
+    open with the same instructions."""
     starts = response_starts(attention_mask, labels)
-    slots: dict[tuple[int, ...], int] = {}
-    prompt_of_row = [slots.setdefault(tuple(ids[:n].tolist()), len(slots)) for ids, n in zip(input_ids, starts)]
-    prompts = list(slots)
-    width = max(len(p) for p in prompts) - 1
-    prefix_ids = input_ids.new_full((len(prompts), width), pad_id)
-    prefix_mask = attention_mask.new_zeros((len(prompts), width))
-    for row, prompt in enumerate(prompts):
-        if len(prompt) > 1:
-            prefix_ids[row, width - len(prompt) + 1:] = torch.tensor(prompt[:-1])
-            prefix_mask[row, width - len(prompt) + 1:] = 1
-    chunk_start = starts - 1
+    prompts = [tuple(ids[:n].tolist()) for ids, n in zip(input_ids, starts)]
+    groups = shared_prefix_groups(prompts)
+    prompt_of_row = [0] * len(prompts)
+    shared_of_row = [0] * len(prompts)
+    width = max(shared for _, shared in groups)
+    prefix_ids = input_ids.new_full((len(groups), width), pad_id)
+    prefix_mask = attention_mask.new_zeros((len(groups), width))
+    for g, (rows, shared) in enumerate(groups):
+        for r in rows:
+            prompt_of_row[r], shared_of_row[r] = g, shared
+        if shared:
+            prefix_ids[g, width - shared:] = torch.tensor(prompts[rows[0]][:shared])
+            prefix_mask[g, width - shared:] = 1
+    chunk_start = torch.tensor(shared_of_row, device=input_ids.device)
     chunk_width = int((attention_mask.sum(1) - chunk_start).max().clamp(min=1))
     cols = chunk_start[:, None] + torch.arange(chunk_width, device=input_ids.device)[None]
     inside = cols < input_ids.shape[1]
@@ -207,16 +259,17 @@ def _reencode(model, input_ids, attention_mask, labels, reason: str | None = Non
 
 def prefix_shared_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            labels: torch.Tensor, pad_id: int = 0) -> SharedLogprobs:
-    """``token_logprobs`` of right-padded prompt+response rows, each distinct prompt encoded once.
+    """``token_logprobs`` of right-padded prompt+response rows, each shared prompt prefix encoded
+    once (an identical prompt all but its last token; prompts that open alike, their common start).
 
-    The prompts' prefixes run in one forward that keeps its cache (lightning states and
-    softmax keys/values, with their autograd graph); the cache rows are copied to every
-    response of that prompt and the responses run on top of it, so the gradient of each
-    response flows back into the one shared prompt forward. Log-probs and the aux loss equal
-    re-encoding's up to float summation order; entropies are given at scored positions only
-    (0 elsewhere). Rows with the same prompt share it wherever they sit (a group split across
-    micro-batches shares within each part). Re-encodes when nothing is shared or the model's
-    cache cannot carry a padded prefix exactly (the reason logged once per model).
+    The prefixes run in one forward that keeps its cache (lightning states and softmax
+    keys/values, with their autograd graph); the cache rows are copied to every row of that
+    prefix and the rows' remaining tokens run on top of it, so the gradient of each row flows
+    back into the one shared prefix forward. Log-probs and the aux loss equal re-encoding's up
+    to float summation order; entropies are given at scored positions only (0 elsewhere). Rows
+    share wherever they sit (a group split across micro-batches shares within each part).
+    Re-encodes when no row shares or the model's cache cannot carry a padded prefix exactly (the
+    reason logged once per model).
     """
     if model in _NO_PREFIX_SHARING:
         return _reencode(model, input_ids, attention_mask, labels)

@@ -1,13 +1,16 @@
 """Prefix-shared group updates (issue #14, item 4): each distinct prompt encoded once for the
 responses that share it must give the log-probs, losses and gradients of re-encoding the
-prompt with every response.
+prompt with every response. The same holds for distinct prompts that open alike (SFT examples
+under one set of instructions, such as the judge's), grouped to encode the fewest tokens.
 
 A small hybrid policy (lightning layers with a chunk size the prompts cross, softmax layers,
 dense or MoE feed-forward) scores one batch both ways: prompts of 1 to 23 tokens, responses
 of 0 to 10, right padding, groups of 3, and a slice of rows that cuts two groups. A real
 DeepSpeed engine then runs the RL stage's behaviour pass and one update both ways.
 """
+import itertools
 import logging
+import random
 
 import pytest
 import torch
@@ -19,6 +22,7 @@ from model.losses import (
     policy_loss,
     prefix_layout,
     prefix_shared_logprobs,
+    shared_prefix_groups,
     token_logprobs,
 )
 from tasks.train.config import EngineConfig, OptimizerConfig, RLStageConfig
@@ -186,3 +190,78 @@ def test_rl_update_is_the_same_with_and_without_prefix_sharing():
     assert saved_b == 10 + 22 + 24 and stats_b.pop("prefix_shared_tokens_saved") == saved_b
     assert stats_a["clip_fraction"] > 0 and stats_a["grad_norm"] > 0
     assert stats_b == pytest.approx(stats_a, rel=1e-5, abs=1e-6)
+
+
+def _encoded_tokens(prompts, groups) -> int:
+    """Prompt tokens a grouping runs: each group's shared part once, every row's rest."""
+    return sum(shared + sum(len(prompts[r]) - shared for r in rows) for rows, shared in groups)
+
+
+def _set_partitions(items):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for partition in _set_partitions(rest):
+        yield [[first], *partition]
+        for i in range(len(partition)):
+            yield [*partition[:i], [first, *partition[i]], *partition[i + 1:]]
+
+
+def _common(prompts, rows) -> int:
+    """The most a group may share: the common start of its prompts, each less its last token."""
+    shared = min(len(prompts[r]) - 1 for r in rows)
+    for a, b in itertools.combinations(rows, 2):
+        shared = min(shared, next((i for i, (x, y) in enumerate(zip(prompts[a], prompts[b])) if x != y), shared))
+    return max(shared, 0)
+
+
+def test_shared_prefix_groups_encode_the_fewest_tokens_of_any_grouping():
+    rng = random.Random(0)
+    for trial in range(40):
+        stems = [[rng.randrange(3) for _ in range(rng.randrange(0, 6))] for _ in range(2)]
+        prompts = [tuple(rng.choice(stems) + [rng.randrange(3) for _ in range(rng.randrange(1, 5))])
+                   for _ in range(rng.randrange(1, 7))]
+        prompts += [prompts[0]] * rng.randrange(0, 2)          # sometimes an identical prompt
+        groups = shared_prefix_groups(prompts)
+        assert sorted(r for rows, _ in groups for r in rows) == list(range(len(prompts)))
+        for rows, shared in groups:
+            assert shared == _common(prompts, rows) if len(rows) > 1 else shared == len(prompts[rows[0]]) - 1
+        best = min(_encoded_tokens(prompts, [(rows, _common(prompts, rows)) for rows in partition])
+                   for partition in _set_partitions(list(range(len(prompts)))))
+        assert _encoded_tokens(prompts, groups) == best, (trial, prompts, groups)
+
+
+def test_identical_prompts_always_share_and_a_short_common_start_does_not_split_them():
+    a, b = (1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 9, 9, 9, 9, 9, 9)
+    # two groups of 3 sharing 7 tokens each beat one group of 6 sharing the 2-token start
+    assert shared_prefix_groups([a, a, a, b, b, b]) == [([0, 1, 2], 7), ([3, 4, 5], 7)]
+    # distinct prompts under one 6-token instruction share it
+    head = (4, 4, 4, 4, 4, 4)
+    assert shared_prefix_groups([head + (1,), head + (2, 2), head + (3,)]) == [([0, 1, 2], 6)]
+
+
+def instruction_batch() -> dict:
+    """SFT rows: one 14-token instruction opening every prompt, then each its own question and answer."""
+    gen = torch.Generator().manual_seed(5)
+    instruction = torch.randint(1, VOCAB, (14,), generator=gen).tolist()
+    seqs, prompt_lengths = [], []
+    for _ in range(6):
+        prompt = instruction + torch.randint(1, VOCAB, (int(torch.randint(1, 9, (1,), generator=gen)),),
+                                             generator=gen).tolist()
+        seqs.append(prompt + torch.randint(1, VOCAB, (int(torch.randint(1, 5, (1,), generator=gen)),),
+                                           generator=gen).tolist())
+        prompt_lengths.append(len(prompt))
+    return pad_batch(seqs, prompt_lengths, pad_id=0)
+
+
+def test_prompts_under_one_instruction_share_it_with_the_same_loss_and_gradients():
+    policy = tiny_policy()
+    batch = instruction_batch()
+    layout = prefix_layout(batch["input_ids"], batch["attention_mask"], batch["labels"])
+    assert layout.prompt_of_row.tolist() == [0] * 6 and layout.prefix_mask.sum().item() == 14
+    (logp, _, _), shared = both_ways(policy, batch, list(range(6)))
+    assert shared.tokens_saved == 5 * 14
+    torch.testing.assert_close(shared.logp, logp, atol=1e-5, rtol=0)
+    mask = batch["labels"][:, 1:] != IGNORE_INDEX
+    assert_same_gradients(policy, logp[mask].mean(), shared.logp[mask].mean())

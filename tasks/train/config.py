@@ -58,6 +58,9 @@ class StageCommon(_Strict):
     keep_checkpoints: int = Field(2, ge=1)
     lr: float | None = Field(None, gt=0, description="overrides optimizer.lr for this stage")
     log_every: int = Field(1, ge=1)
+    prefix_shared: bool = Field(True, description="encode the prompt prefix rows share once per forward (an RL "
+                                "group's prompt, SFT prompts that open with the same instructions): same log-probs and "
+                                "gradients as re-encoding, fewer tokens (re-encodes where a model's cache can't)")
 
 
 class SFTStageConfig(StageCommon):
@@ -156,8 +159,6 @@ class RLStageConfig(StageCommon):
                              "every pass runs the updates_per_batch minibatches again against the behaviour log-probs "
                              "of sampling time, so later passes are off-policy on the very tokens they train")
     rollout_engine: RolloutEngineConfig = Field(default_factory=RolloutEngineConfig)
-    prefix_shared: bool = Field(True, description="encode each prompt once for its responses in a forward: same "
-                                "log-probs and gradients as re-encoding, fewer tokens (re-encodes where a model's cache can't)")
     eps_low: float = Field(1.0, gt=0, description="M1 imposes no lower bound in practice")
     dynamic_sampling: bool = True
     max_sampling_rounds: int = Field(3, ge=1)

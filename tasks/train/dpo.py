@@ -11,15 +11,25 @@ import os
 
 import torch
 
-from model.losses import IGNORE_INDEX, dpo_loss, sequence_logprob, token_logprobs
+from model.losses import (
+    IGNORE_INDEX,
+    dpo_loss,
+    prefix_shared_logprobs,
+    sequence_logprob,
+    token_logprobs,
+)
 from tasks.train.data import batch_indices, encode_example, pad_batch, pad_id_of
 from tasks.train.engine import backward_and_step, current_lr
 from tasks.train.harness import StageHarness, ids_digest
 
 
-def _sequence_logps(model, encoded: list[tuple[list[int], int]], pad: int, max_tokens: int) -> torch.Tensor:
+def _sequence_logps(model, encoded: list[tuple[list[int], int]], pad: int, max_tokens: int,
+                    prefix_shared: bool) -> torch.Tensor:
+    """Summed response log-probs; with ``prefix_shared`` a pair's chosen and rejected rows, in
+    one batch, encode their prompt once."""
     batch = pad_batch([e[0] for e in encoded], [e[1] for e in encoded], pad, max_tokens)
-    logp, _, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["labels"])
+    inputs = (model, batch["input_ids"], batch["attention_mask"], batch["labels"])
+    logp = prefix_shared_logprobs(*inputs, pad_id=pad).logp if prefix_shared else token_logprobs(*inputs)[0]
     return sequence_logprob(logp, batch["labels"][:, 1:] != IGNORE_INDEX)
 
 
@@ -37,8 +47,12 @@ def reference_logps(h: StageHarness, model, pair_ids, chosen, rejected, pad: int
     size = h.cfg.engine.micro_batch_size
     for start in range(0, len(pair_ids), size):
         sl = slice(start, start + size)
-        c = _sequence_logps(model, chosen[sl], pad, h.stage_cfg.max_tokens)
-        r = _sequence_logps(model, rejected[sl], pad, h.stage_cfg.max_tokens)
+        if h.stage_cfg.prefix_shared:   # a pair in one batch: its prompt is encoded once
+            both = _sequence_logps(model, chosen[sl] + rejected[sl], pad, h.stage_cfg.max_tokens, True)
+            c, r = both[: len(chosen[sl])], both[len(chosen[sl]):]
+        else:
+            c = _sequence_logps(model, chosen[sl], pad, h.stage_cfg.max_tokens, False)
+            r = _sequence_logps(model, rejected[sl], pad, h.stage_cfg.max_tokens, False)
         for pid, vc, vr in zip(pair_ids[sl], c.tolist(), r.tolist()):
             out[pid] = [vc, vr]
     model.train(was_training)
@@ -67,7 +81,7 @@ def train_dpo(h: StageHarness) -> dict:
         micro_batches = h.rank_micro_batches(indices)
         for micro in micro_batches:
             both = _sequence_logps(engine.module, [chosen[i] for i in micro] + [rejected[i] for i in micro],
-                                   pad, cfg.max_tokens)
+                                   pad, cfg.max_tokens, cfg.prefix_shared)
             policy_c, policy_r = both[: len(micro)], both[len(micro):]
             ref = torch.tensor([reference[pair_ids[i]] for i in micro])
             loss, stats = dpo_loss(policy_c, policy_r, ref[:, 0], ref[:, 1], cfg.beta)

@@ -1,7 +1,7 @@
 """Supervised fine-tuning stage (short or long): masked next-token NLL on the response."""
 from __future__ import annotations
 
-from model.losses import IGNORE_INDEX, sft_loss, token_logprobs
+from model.losses import IGNORE_INDEX, prefix_shared_logprobs, sft_loss, token_logprobs
 from tasks.train.data import batch_indices, encode_example, pad_batch, pad_id_of
 from tasks.train.engine import backward_and_step, current_lr
 from tasks.train.harness import StageHarness, ids_digest
@@ -19,12 +19,16 @@ def train_sft(h: StageHarness) -> dict:
     loss_value = None
     for step in range(start, cfg.steps):
         indices = batch_indices(step, len(encoded), h.global_batch(), h.cfg.seed)
-        micro_losses, tokens, norm = [], 0, None
+        micro_losses, tokens, saved, norm = [], 0, 0, None
         for micro in h.rank_micro_batches(indices):
             batch = pad_batch([encoded[i][0] for i in micro], [encoded[i][1] for i in micro], pad,
                               cfg.max_tokens)
-            logp, _, aux = token_logprobs(engine.module, batch["input_ids"], batch["attention_mask"],
-                                          batch["labels"])
+            inputs = (engine.module, batch["input_ids"], batch["attention_mask"], batch["labels"])
+            if cfg.prefix_shared:   # e.g. judge examples: the same grading instructions open every prompt
+                logp, _, aux, tokens_saved = prefix_shared_logprobs(*inputs, pad_id=pad)
+                saved += tokens_saved
+            else:
+                logp, _, aux = token_logprobs(*inputs)
             mask = batch["labels"][:, 1:] != IGNORE_INDEX
             loss = sft_loss(logp, mask, cfg.normalization) + aux
             step_norm = backward_and_step(engine, loss)
@@ -32,7 +36,8 @@ def train_sft(h: StageHarness) -> dict:
             micro_losses.append(loss.item())
             tokens += int(mask.sum())
         loss_value = sum(micro_losses) / len(micro_losses)
-        h.record(step, {"loss": loss_value, "grad_norm": norm or 0.0, "lr": current_lr(engine),
-                        "tokens": tokens}, batch_digest=ids_digest([example_ids[i] for i in indices]))
+        h.record(step, {"loss": loss_value, "grad_norm": norm or 0.0, "lr": current_lr(engine), "tokens": tokens,
+                        "prefix_shared_tokens_saved": saved},
+                 batch_digest=ids_digest([example_ids[i] for i in indices]))
         h.maybe_checkpoint(engine, step)
     return h.finish(engine, tokenizer, {"final_loss": loss_value, "examples": len(encoded)})
