@@ -17,13 +17,20 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(os.path.expanduser("~
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.pop("POSTTRAIN_MLFLOW_RUN_ID", None)
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 # Without a GPU only Triton's interpreter runs kernels. It must be on before any module
 # applies @triton.jit, whichever test file happens to import triton first.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow tests (the whole default run in one module fixture) first: under `make test`'s
+    two workers one of them starts the pipeline at once and the other runs the rest meanwhile,
+    instead of the pipeline starting mid-suite and running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 _TRACKING_ENV = ("MLFLOW_TRACKING_URI", "POSTTRAIN_MLFLOW_RUN_ID")
