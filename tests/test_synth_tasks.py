@@ -171,3 +171,30 @@ def test_reasoning_gym_dataset_without_curriculum_has_one_level():
     assert task.n_levels == 1
     inst = task.generate(5, 0)
     assert task.verify(inst, f"<answer>{inst.answer}</answer>") == 1.0
+
+
+def test_reasoning_gym_registry_is_whole_while_another_thread_imports_it():
+    """The pipeline runs ingest (which imports reasoning_gym) beside synthesize (which reads its
+    registry): a registry read while the package is half imported missed 'basic_arithmetic' and
+    failed the run. A fresh interpreter reads it the moment the other thread's import has made
+    the factory module importable."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    script = textwrap.dedent("""
+        import sys, threading
+        from tasks.synth.reasoning_gym_adapter import reasoning_gym_datasets
+        importer = threading.Thread(target=lambda: __import__("reasoning_gym"))
+        importer.start()
+        while "reasoning_gym.factory" not in sys.modules:
+            pass
+        seen = reasoning_gym_datasets()
+        importer.join()
+        from reasoning_gym.factory import DATASETS
+        print(len(seen), len(DATASETS), "basic_arithmetic" in seen)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout.split()
+    assert out[0] == out[1] and out[2] == "True", out

@@ -30,7 +30,11 @@ def _json_safe(value: Any) -> Any:
 
 @cache
 def _registry() -> tuple[dict, dict]:
-    from reasoning_gym.factory import CURRICULA, DATASETS  # imported lazily: ~1 s
+    # imported lazily (~1 s). The package first: its import registers every dataset, and
+    # while another thread is still running it (ingest beside synthesize) `reasoning_gym.factory`
+    # is already importable with half the registry; importing the package waits for it to finish
+    import reasoning_gym  # noqa: F401
+    from reasoning_gym.factory import CURRICULA, DATASETS
     return DATASETS, CURRICULA
 
 
