@@ -61,8 +61,8 @@ def prepare(home: Path):
 
 def run(wh, base: str, data_ref: str, loss: str, seed: int, args) -> list[float]:
     from tasks.train.config import TrainConfig
-    from tasks.train.rl import train_rl
     from tasks.train.harness import StageHarness, StageJob
+    from tasks.train.rl import train_rl
 
     cfg = TrainConfig(
         seed=seed, optimizer={"lr": args.lr},

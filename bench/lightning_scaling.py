@@ -88,8 +88,8 @@ def main() -> None:
     print(f"{'T':>6} | {'lightning s':>11} {'peak MB':>8} | {'sdpa s':>9} {'peak MB':>8} | sdpa/lightning")
     results = {"lightning": {}, "sdpa": {}}
     for seq_len in LENGTHS:
-        for method in results:
-            results[method][seq_len] = _run_isolated(method, seq_len, args)
+        for method, by_length in results.items():
+            by_length[seq_len] = _run_isolated(method, seq_len, args)
         lt, st = results["lightning"][seq_len], results["sdpa"][seq_len]
         print(f"{seq_len:>6} | {lt['seconds']:>11.4f} {lt['peak_mb']:>8.1f} | {st['seconds']:>9.4f} "
               f"{st['peak_mb']:>8.1f} | {st['seconds'] / lt['seconds']:>6.2f}x", flush=True)

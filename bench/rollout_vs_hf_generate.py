@@ -18,14 +18,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from tasks.rollout.base import SamplingParams  # noqa: E402
-from tasks.rollout.config import LocalConfig, OpenAIConfig  # noqa: E402
-from tasks.rollout.factory import resolve_model  # noqa: E402
-from tasks.rollout.local import LocalBackend  # noqa: E402
-from tasks.rollout.openai_client import OpenAIBackend  # noqa: E402
-from tasks.rollout.server import ServerProcess  # noqa: E402
+from tasks.rollout.base import SamplingParams
+from tasks.rollout.config import LocalConfig, OpenAIConfig
+from tasks.rollout.factory import resolve_model
+from tasks.rollout.local import LocalBackend
+from tasks.rollout.openai_client import OpenAIBackend
+from tasks.rollout.server import ServerProcess
 
 QUESTIONS = [
     "What is 17 times 23?", "Write a haiku about autumn.", "Explain what a prime number is.",

@@ -14,11 +14,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.rollout.base import SamplingParams  # noqa: E402
-from tasks.rollout.config import LocalConfig, VLLMConfig  # noqa: E402
-from tasks.rollout.factory import resolve_model  # noqa: E402
-from tasks.rollout.local import LocalBackend  # noqa: E402
-from tasks.rollout.vllm_backend import VLLMBackend, vllm_available  # noqa: E402
+from tasks.rollout.base import SamplingParams
+from tasks.rollout.config import LocalConfig, VLLMConfig
+from tasks.rollout.factory import resolve_model
+from tasks.rollout.local import LocalBackend
+from tasks.rollout.vllm_backend import VLLMBackend, vllm_available
 
 QUESTIONS = ["What is 17 times 23?", "Why is the sky blue?", "Solve 2x + 3 = 11.", "Name three planets.",
              "Write a haiku about autumn.", "How do I reverse a list in Python?", "Define entropy briefly.",

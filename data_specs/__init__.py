@@ -2,7 +2,15 @@
 import importlib
 import pkgutil
 
-from data_specs.base import Column, SpecError, TableSpec, all_specs, get_spec, register, validate_name
+from data_specs.base import (
+    Column,
+    SpecError,
+    TableSpec,
+    all_specs,
+    get_spec,
+    register,
+    validate_name,
+)
 
 for _mod in pkgutil.iter_modules(__path__):
     if _mod.name not in {"base", "stages"}:

@@ -6,8 +6,8 @@ that do not, each rejected row carrying the offending field and a reason.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import polars as pl
 

@@ -6,15 +6,13 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional
-
-import flows  # noqa: F401  (applies environment defaults before Prefect loads)
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+import flows  # noqa: F401  (applies environment defaults before Prefect loads)
 from data_specs.stages import STAGE_NAMES
 
 app = typer.Typer(help="posttrain: LLM post-training pipeline (MiniMax-01/M1 recipe) on Prefect, DuckDB and MLflow.",
@@ -30,7 +28,7 @@ ProfileOpt = typer.Option("tiny", "--profile", "-p", help="profile name or direc
 HomeOpt = typer.Option(None, "--home", help="data directory (default $POSTTRAIN_HOME or ./.posttrain)")
 
 
-def _wh(home: Optional[str]):
+def _wh(home: str | None):
     from warehouse import Warehouse
     return Warehouse(home)
 
@@ -68,12 +66,12 @@ def _stage_progress():
 @app.command()
 def ingest(
     paths: list[Path] = typer.Argument(None, help="JSONL / JSON / CSV / Parquet files or directories"),
-    source: Optional[str] = typer.Option(None, "--source", "-s", help="source name stored with each row"),
-    domain: Optional[str] = typer.Option(None, "--domain", "-d", help="math | logic | code | general | ..."),
+    source: str | None = typer.Option(None, "--source", "-s", help="source name stored with each row"),
+    domain: str | None = typer.Option(None, "--domain", "-d", help="math | logic | code | general | ..."),
     kind: str = typer.Option("prompts", "--kind", help="prompts or benchmarks"),
     bundled: bool = typer.Option(False, "--bundled", help="also ingest the bundled offline sources"),
     field: list[str] = typer.Option([], "--field", help="map a field: prompt=question (repeatable)"),
-    profile: str = ProfileOpt, home: Optional[str] = HomeOpt,
+    profile: str = ProfileOpt, home: str | None = HomeOpt,
 ):
     """Load files (and/or the bundled sources) into `prompts` / `benchmarks`; bad rows go to `quarantine`."""
     from flows.ingest import ingest_flow
@@ -95,7 +93,7 @@ def ingest(
 
 
 @app.command()
-def curate(profile: str = ProfileOpt, home: Optional[str] = HomeOpt):
+def curate(profile: str = ProfileOpt, home: str | None = HomeOpt):
     """Filter, deduplicate (exact, MinHash, semantic), decontaminate and split into `sft_pool` / `rl_pool`."""
     from flows.curate import curate_flow
     with console.status("curating..."):
@@ -107,11 +105,11 @@ def curate(profile: str = ProfileOpt, home: Optional[str] = HomeOpt):
 
 @app.command()
 def synthesize(
-    per_task: Optional[int] = typer.Option(None, "--per-task", help="instances per task (profile default when unset)"),
+    per_task: int | None = typer.Option(None, "--per-task", help="instances per task (profile default when unset)"),
     task: list[str] = typer.Option([], "--task", help="only these tasks (own names or rg:<dataset>)"),
     calibrate: bool = typer.Option(False, "--calibrate", help="first calibrate levels with base and strong solvers"),
     strong_model: str = typer.Option("smol", "--strong-model", help="model alias or path of the strong solver"),
-    profile: str = ProfileOpt, home: Optional[str] = HomeOpt,
+    profile: str = ProfileOpt, home: str | None = HomeOpt,
 ):
     """Generate SynLogic-style verifiable task instances into `synthetic_tasks`."""
     from flows.synthesize import synthesize_flow
@@ -125,8 +123,8 @@ def synthesize(
 @app.command()
 def difficulty(
     table: list[str] = typer.Option([], "--table", help="tables to band (default: rl_pool, synthetic_tasks)"),
-    model: Optional[str] = typer.Option(None, "--model", help="model alias or path (default: profile)"),
-    profile: str = ProfileOpt, home: Optional[str] = HomeOpt,
+    model: str | None = typer.Option(None, "--model", help="model alias or path (default: profile)"),
+    profile: str = ProfileOpt, home: str | None = HomeOpt,
 ):
     """Roll out, verify, compute pass@k and keep each domain's difficulty band."""
     from flows.difficulty import difficulty_flow
@@ -140,7 +138,7 @@ def difficulty(
 def references(
     prompt: list[str] = typer.Option([], "--prompt", help="extra open prompt text (repeatable)"),
     labelled: list[Path] = typer.Option([], "--labelled", help="labelled judge benchmark files"),
-    profile: str = ProfileOpt, home: Optional[str] = HomeOpt,
+    profile: str = ProfileOpt, home: str | None = HomeOpt,
 ):
     """Judge candidate answers with the GenRM in Swiss rounds and store the best reference per prompt."""
     from flows.references import references_flow
@@ -156,11 +154,14 @@ def references(
     console.print(f"MLflow run {res['mlflow_run_id']}")
 
 
+_STAGE_HELP = " | ".join(STAGE_NAMES) + " (default: all)"
+
+
 @app.command()
 def train(
-    stage: list[str] = typer.Option([], "--stage", help=" | ".join(STAGE_NAMES) + " (default: all)"),
+    stage: list[str] = typer.Option([], "--stage", help=_STAGE_HELP),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="continue killed stages from checkpoints"),
-    profile: str = ProfileOpt, home: Optional[str] = HomeOpt,
+    profile: str = ProfileOpt, home: str | None = HomeOpt,
 ):
     """Train SFT short/long -> DPO short/long -> CISPO RL on DeepSpeed; register each model."""
     from flows.train import train_flow
@@ -195,10 +196,10 @@ def stages():
 
 @app.command()
 def evaluate(
-    model: Optional[str] = typer.Option(None, "--model", help="model alias or path (default: newest in `models`)"),
+    model: str | None = typer.Option(None, "--model", help="model alias or path (default: newest in `models`)"),
     benchmark: list[str] = typer.Option([], "--benchmark", help="only these benchmarks"),
-    max_items: Optional[int] = typer.Option(None, "--max-items", help="items per benchmark"),
-    profile: str = ProfileOpt, home: Optional[str] = HomeOpt,
+    max_items: int | None = typer.Option(None, "--max-items", help="items per benchmark"),
+    profile: str = ProfileOpt, home: str | None = HomeOpt,
 ):
     """Held-out pass@k at temperature 1.0, top-p 0.95 into `eval_results`."""
     from flows.evaluate import evaluate_flow
@@ -210,7 +211,7 @@ def evaluate(
 
 
 @app.command()
-def audit(profile: str = ProfileOpt, home: Optional[str] = HomeOpt):
+def audit(profile: str = ProfileOpt, home: str | None = HomeOpt):
     """Prove from the warehouse that training saw only what curation and difficulty chose."""
     from flows.audit import audit_flow
     res = audit_flow(profile=profile, home=home, fail_on_violation=False)
@@ -235,7 +236,7 @@ def _print_audit(res: dict) -> None:
 def serve_model_cmd(
     model: str = typer.Argument(..., help="model directory, .gguf file, or alias (smol, tiny-llama)"),
     port: int = typer.Option(8000, "--port"),
-    name: Optional[str] = typer.Option(None, "--name", help="model name reported by /v1/models"),
+    name: str | None = typer.Option(None, "--name", help="model name reported by /v1/models"),
 ):
     """Serve a local model over an OpenAI-compatible completions API on 127.0.0.1."""
     from tasks.rollout.server import serve_model
@@ -249,7 +250,7 @@ def serve(
     pool: str = typer.Option("posttrain", "--pool", help="process work pool name"),
     deployment: list[str] = typer.Option([], "--deployment", help="only these deployments (flow/name)"),
     duration: float = typer.Option(0, "--duration", help="stop after N seconds (0: until Ctrl-C)"),
-    home: Optional[str] = HomeOpt,
+    home: str | None = HomeOpt,
 ):
     """Start (or reuse) a Prefect server, create a work pool, deploy every flow and start a worker."""
     from flows.deploy import serve as serve_deployments
@@ -266,8 +267,8 @@ def serve(
 
 
 @app.command()
-def compare(a: str, b: str, out: Optional[Path] = typer.Option(None, "--out", help="directory for plots"),
-            home: Optional[str] = HomeOpt):
+def compare(a: str, b: str, out: Path | None = typer.Option(None, "--out", help="directory for plots"),
+            home: str | None = HomeOpt):
     """Compare two runs (MLflow run ids or experiment names): params, metrics, pass@k, data funnel."""
     from flows.compare import compare as compare_runs
     from flows.compare import print_comparison
@@ -276,7 +277,7 @@ def compare(a: str, b: str, out: Optional[Path] = typer.Option(None, "--out", he
 
 
 @app.command()
-def report(run_id: str, out: Optional[Path] = typer.Option(None, "--out"), home: Optional[str] = HomeOpt):
+def report(run_id: str, out: Path | None = typer.Option(None, "--out"), home: str | None = HomeOpt):
     """Write (and log to MLflow) an HTML report of a pipeline run."""
     from flows.compare import write_run_report
     path = write_run_report(run_id, home=home, out_dir=out)
@@ -293,7 +294,7 @@ def _print_counts(counts: dict, title: str) -> None:
 
 
 @table_app.command("list")
-def table_list(home: Optional[str] = HomeOpt):
+def table_list(home: str | None = HomeOpt):
     """Tables with their latest snapshot and row counts."""
     df = _wh(home).tables()
     if df.height == 0:
@@ -303,21 +304,21 @@ def table_list(home: Optional[str] = HomeOpt):
 
 
 @table_app.command("show")
-def table_show(name: str, snapshot: Optional[str] = typer.Option(None, "--snapshot"),
-               limit: int = typer.Option(10, "--limit", "-n"), home: Optional[str] = HomeOpt):
+def table_show(name: str, snapshot: str | None = typer.Option(None, "--snapshot"),
+               limit: int = typer.Option(10, "--limit", "-n"), home: str | None = HomeOpt):
     """First rows of a table."""
     df = _wh(home).read(name, snapshot)
     _print_frame(df.head(limit), title=f"{name} ({df.height} rows)")
 
 
 @table_app.command("history")
-def table_history(name: str, home: Optional[str] = HomeOpt):
+def table_history(name: str, home: str | None = HomeOpt):
     """Every snapshot of a table, newest first."""
     _print_frame(_wh(home).history(name).drop("content_hash"), title=f"{name} history")
 
 
 @table_app.command("lineage")
-def table_lineage(name: str, snapshot: Optional[str] = typer.Option(None, "--snapshot"), home: Optional[str] = HomeOpt):
+def table_lineage(name: str, snapshot: str | None = typer.Option(None, "--snapshot"), home: str | None = HomeOpt):
     """The snapshots a table snapshot was built from, transitively."""
     edges = _wh(home).lineage(name, snapshot)
     if not edges:
@@ -327,8 +328,8 @@ def table_lineage(name: str, snapshot: Optional[str] = typer.Option(None, "--sna
 
 
 @table_app.command("export")
-def table_export(name: str, out: Path, snapshot: Optional[str] = typer.Option(None, "--snapshot"),
-                 home: Optional[str] = HomeOpt):
+def table_export(name: str, out: Path, snapshot: str | None = typer.Option(None, "--snapshot"),
+                 home: str | None = HomeOpt):
     """Write a table to .parquet, .csv, .jsonl or .json (by extension)."""
     df = _wh(home).read(name, snapshot)
     suffix = out.suffix.lower()
@@ -347,7 +348,7 @@ def table_export(name: str, out: Path, snapshot: Optional[str] = typer.Option(No
 
 
 @app.command()
-def sql(query: str, home: Optional[str] = HomeOpt, fmt: str = typer.Option("table", "--format", help="table | csv | json")):
+def sql(query: str, home: str | None = HomeOpt, fmt: str = typer.Option("table", "--format", help="table | csv | json")):
     """Run SQL over the latest snapshot of every table (plus `catalog`)."""
     df = _wh(home).sql(query)
     if fmt == "csv":
@@ -361,7 +362,7 @@ def sql(query: str, home: Optional[str] = HomeOpt, fmt: str = typer.Option("tabl
 @app.command()
 def run(profile: str = ProfileOpt, stage: list[str] = typer.Option([], "--stage", help="run only these stages"),
         force: bool = typer.Option(False, "--force", help="re-run stages whose inputs and config are unchanged"),
-        home: Optional[str] = HomeOpt):
+        home: str | None = HomeOpt):
     """Run the full pipeline (or chosen stages) and print a summary."""
     from flows.pipeline import pipeline_flow
     t0 = time.time()
@@ -408,7 +409,7 @@ def _print_judge(references: dict) -> None:
                       f"{1 - references['unparseable_share']:.0%} of judge samples parseable")
 
 
-def _print_summary(res: dict, elapsed: float, home: Optional[str]) -> None:
+def _print_summary(res: dict, elapsed: float, home: str | None) -> None:
     from warehouse import Warehouse
     wh = Warehouse(home)
     console.rule("[bold]posttrain run summary")
@@ -434,7 +435,7 @@ def _print_summary(res: dict, elapsed: float, home: Optional[str]) -> None:
 
 
 @app.command()
-def ui(home: Optional[str] = HomeOpt, prefect_port: int = typer.Option(4200, "--prefect-port"),
+def ui(home: str | None = HomeOpt, prefect_port: int = typer.Option(4200, "--prefect-port"),
        mlflow_port: int = typer.Option(5000, "--mlflow-port"),
        duration: float = typer.Option(0, "--duration", help="stop after N seconds (0: until Ctrl-C)")):
     """Start the Prefect server (or reuse the one `serve` or another `ui` runs for this home) and
@@ -482,7 +483,7 @@ def profile_list():
 
 
 @app.command()
-def gc(home: Optional[str] = HomeOpt, older_than: float = typer.Option(3600, help="seconds")):
+def gc(home: str | None = HomeOpt, older_than: float = typer.Option(3600, help="seconds")):
     """Remove snapshot directories left by crashed writers."""
     removed = _wh(home).gc(older_than)
     console.print(f"removed {len(removed)} orphaned snapshot director{'y' if len(removed) == 1 else 'ies'}")
@@ -523,7 +524,7 @@ def main() -> None:
         sys.exit(143)
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as e:  # one clear line, not a traceback
+    except Exception as e:  # noqa: BLE001 - any error: one clear line, not a traceback
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         err_console.print(f"error: {type(e).__name__}: {msg}", highlight=False, soft_wrap=True)
         sys.exit(1)

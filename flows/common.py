@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from prefect import get_run_logger
+from prefect.exceptions import MissingContextError
 
-from tasks.profile import Profile, load_profile
 from tasks import tracking
+from tasks.profile import Profile, load_profile
 from warehouse import TableRef, Warehouse, recording_flow_run
 
 
@@ -56,7 +58,7 @@ def _prefect_flow_run_id() -> str | None:
 def flow_logger():
     try:
         return get_run_logger()
-    except Exception:  # called outside a flow or task run
+    except MissingContextError:  # called outside a flow or task run
         import logging
         return logging.getLogger("posttrain")
 

@@ -5,9 +5,9 @@ from prefect import flow
 
 from flows.common import flow_context, flow_logger, report_progress
 from tasks.difficulty import DifficultyConfig, run_difficulty
+from tasks.genrm.models import resolve_model_name
 from tasks.rollout.config import RolloutConfig
 from tasks.rollout.factory import make_backend
-from tasks.genrm.models import resolve_model_name
 from warehouse import TableRef
 
 

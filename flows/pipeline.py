@@ -28,7 +28,6 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait as wait_for_futures
 
-from tasks.profile import Profile, load_profile
 from data_specs.stages import STAGE_NAMES, TRAIN_STAGES, TrainStage, train_stage
 from flows.audit import audit_flow
 from flows.common import flow_context, flow_logger, report_progress
@@ -41,9 +40,9 @@ from flows.references import references_flow
 from flows.synthesize import synthesize_flow
 from flows.train import train_stage_flow
 from tasks import tracking
+from tasks.profile import Profile, load_profile
 from warehouse import TableRef, Warehouse, recording_tables
 from warehouse.store import TableUse
-
 
 Refs = dict[str, TableRef]
 

@@ -30,9 +30,9 @@ from tasks.genrm.length_bias import (
     LengthCorrection,
     fit_length_correction,
 )
+from tasks.genrm.models import resolve_rollout
 from tasks.genrm.references import build_backends, run_references
 from tasks.genrm.validation import judge_accuracy, run_judge_validation
-from tasks.genrm.models import resolve_rollout
 from tasks.rollout.factory import make_backend
 from warehouse import TableRef, Warehouse
 

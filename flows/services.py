@@ -77,9 +77,8 @@ def bin_path(name: str) -> str:
 def start_process(name: str, cmd: list[str], env: dict[str, str], log_dir: Path) -> tuple[subprocess.Popen, Path]:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
-    fh = open(log_path, "ab")
-    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    fh.close()
+    with open(log_path, "ab") as fh:   # the child keeps its own descriptor
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return proc, log_path
 
 

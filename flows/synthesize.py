@@ -15,8 +15,8 @@ from tasks import tracking
 from tasks.rollout.config import RolloutConfig
 from tasks.rollout.factory import make_backend
 from tasks.synth.calibration import rollout_solver
-from tasks.synthesize import run_calibration, run_synthesis
 from tasks.synth.config import SynthesizeConfig
+from tasks.synthesize import run_calibration, run_synthesis
 
 
 @flow(name="synthesize", log_prints=True, flow_run_name="synthesize")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -428,8 +429,8 @@ class HybridPreTrainedModel(PreTrainedModel):
     config_class = HybridConfig
     config: HybridConfig
     base_model_prefix = "model"
-    _no_split_modules = ["HybridDecoderLayer"]
-    _keep_in_fp32_modules = ["lm_head"]
+    _no_split_modules: ClassVar[list[str]] = ["HybridDecoderLayer"]
+    _keep_in_fp32_modules: ClassVar[list[str]] = ["lm_head"]
     _supports_sdpa = True
     # a recurrent state cannot be rewound, so assisted decoding is refused by generate
     _is_stateful = True

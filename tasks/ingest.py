@@ -12,9 +12,10 @@ import hashlib
 import io
 import json
 import unicodedata
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import polars as pl
 from pydantic import BaseModel, ConfigDict
@@ -71,7 +72,7 @@ class IngestReport:
     def accounted(self) -> bool:
         return self.rows_in == sum(self.stored.values()) + self.already_present + self.quarantined
 
-    def merge(self, other: "IngestReport") -> "IngestReport":
+    def merge(self, other: IngestReport) -> IngestReport:
         self.rows_in += other.rows_in
         self.already_present += other.already_present
         self.quarantined += other.quarantined
@@ -205,7 +206,7 @@ def _read_parquet(path: Path) -> Iterator[RawRecord]:
     file = str(path)
     try:
         df = pl.read_parquet(path)
-    except Exception as e:  # a corrupt file is one bad input, not a crash
+    except Exception as e:  # noqa: BLE001 - a corrupt file is one bad input, not a crash
         yield RawRecord(file, None, reason=f"unreadable_parquet: {type(e).__name__}: {e}"[:500])
         return
     for i, row in enumerate(df.iter_rows(named=True), start=1):
@@ -320,7 +321,7 @@ def record_to_prompt(rec: RawRecord, source: str, domain: str | None, mapping: d
 def record_to_benchmark(rec: RawRecord, benchmark: str, domain: str | None, mapping: dict[str, str],
                         max_chars: int, ordinal: int) -> dict:
     row = record_to_prompt(rec, benchmark, domain, mapping, max_chars, None)
-    key, item_id = _pick(rec.data or {}, "item_id", mapping)
+    _key, item_id = _pick(rec.data or {}, "item_id", mapping)
     return {
         "benchmark": benchmark,
         "item_id": str(item_id) if item_id is not None else f"{ordinal}",

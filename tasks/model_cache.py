@@ -8,8 +8,8 @@ for the first one instead of building twice.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from filelock import FileLock
 

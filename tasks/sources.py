@@ -14,8 +14,8 @@ from __future__ import annotations
 import gzip
 import importlib.resources
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from tasks.ingest import RawRecord
 
@@ -74,7 +74,7 @@ def reasoning_gym_records(tasks: list[str], per_task: int, seed: int = 0) -> Ite
     for name in tasks:
         try:
             ds = reasoning_gym.create_dataset(name, size=per_task, seed=seed)
-        except Exception as e:  # unknown generator name: one bad source row, not a crash
+        except Exception as e:  # noqa: BLE001 - unknown generator name: one bad source row, not a crash
             yield RawRecord(f"reasoning_gym:{name}", None, reason=f"unknown_generator: {e}"[:300])
             continue
         for i in range(per_task):

@@ -82,7 +82,7 @@ def _prefect_context_tags() -> dict[str, str]:
                 tags["prefect.flow_run_url"] = str(flow_run.get_flow_run_ui_url())
         if task_run.get_id():
             tags["prefect.task_run_id"] = str(task_run.get_id())
-    except Exception:  # not inside Prefect
+    except Exception:  # noqa: BLE001, S110 - not inside Prefect: no run tags
         pass
     return tags
 

@@ -7,7 +7,6 @@ stage itself are in test_difficulty.py).
 """
 from __future__ import annotations
 
-
 import polars as pl
 import pytest
 from test_train_engine import SMALL_MODEL
@@ -21,9 +20,9 @@ from tasks.synth.config import SyntheticSplitConfig
 from tasks.synthesize import generate_task_instances
 from tasks.train.config import TrainConfig
 from tasks.train.data import (
+    Sources,
     build_dpo_pairs,
     build_rl_prompts,
-    Sources,
     build_sft_data,
     write_training_tables,
 )

@@ -10,7 +10,13 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from tasks.difficulty import Band, DifficultyConfig, DifficultySampling, kept_prompt_ids, run_difficulty
+from tasks.difficulty import (
+    Band,
+    DifficultyConfig,
+    DifficultySampling,
+    kept_prompt_ids,
+    run_difficulty,
+)
 from tasks.rollout.config import LocalConfig
 from tasks.rollout.local import LocalBackend
 from tasks.rollout.tiny_model import tiny_llama_path
@@ -42,7 +48,7 @@ def rl_pool() -> pl.DataFrame:
 def synthetic_tasks() -> pl.DataFrame:
     from tasks.synth.registry import get_task, own_task_names
 
-    name = sorted(own_task_names())[0]
+    name = min(own_task_names())
     task = get_task(name)
     instance = task.generate(seed=1, level=0)
     return pl.DataFrame([{
@@ -60,12 +66,12 @@ def backend(tmp_path_factory):
 
 
 def config(**overrides) -> DifficultyConfig:
-    base = dict(
-        sampling=DifficultySampling(n=6, max_tokens=6, temperature=1.0, seed=3, repetition_window=None),
-        bands={"math": Band(k=4, low=0.0, high=0.9), "code": Band(k=1, low=0.0, high=0.9),
+    base = {
+        "sampling": DifficultySampling(n=6, max_tokens=6, temperature=1.0, seed=3, repetition_window=None),
+        "bands": {"math": Band(k=4, low=0.0, high=0.9), "code": Band(k=1, low=0.0, high=0.9),
                "logic": Band(k=1, low=0.0, high=0.9)},
-        instructions={}, use_chat_template=False, sandbox_timeout_s=5.0,
-    )
+        "instructions": {}, "use_chat_template": False, "sandbox_timeout_s": 5.0,
+    }
     return DifficultyConfig(**(base | overrides))
 
 

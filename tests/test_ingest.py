@@ -3,10 +3,15 @@ import json
 import polars as pl
 import pytest
 
-from tasks.ingest import ingest_files, read_records, store_records
 from tasks.genrm.judge import constraints_from_metadata
-from tasks.sources import (champ_records, humaneval_records, mmath_records, open_prompt_records,
-                           reasoning_gym_records)
+from tasks.ingest import ingest_files, read_records, store_records
+from tasks.sources import (
+    champ_records,
+    humaneval_records,
+    mmath_records,
+    open_prompt_records,
+    reasoning_gym_records,
+)
 from warehouse import Warehouse
 
 

@@ -5,9 +5,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from kernels import head_logprobs
-
 import model
+from kernels import head_logprobs
 from model import HybridCache, HybridConfig, build_tiny_model, lightning_slopes, train_tokenizer
 
 TEXTS = [

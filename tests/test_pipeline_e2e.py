@@ -27,8 +27,8 @@ def default_run(tmp_path_factory):
 
 
 def _families():
-    from tasks.profile import load_profile
     from tasks.evaluate import EvaluateConfig, synthetic_benchmark
+    from tasks.profile import load_profile
 
     cfg = load_profile("tiny").section("evaluate", EvaluateConfig)
     return [synthetic_benchmark(t) for t in cfg.synthetic.tasks]

@@ -27,8 +27,8 @@ from tasks.train.genrm_reward import (
     references_by_prompt,
     verifier_correct,
 )
-from tasks.train.rl import train_rl
 from tasks.train.harness import StageHarness, StageJob
+from tasks.train.rl import train_rl
 
 _ANSWERS = re.compile(r"\[Answer 1\]\n(.*?)\n\n\[Answer 2\]\n(.*)\Z", re.DOTALL)
 

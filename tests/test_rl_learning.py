@@ -3,8 +3,8 @@ import polars as pl
 from test_train_engine import seeded_sft_job
 
 from tasks.train.config import TrainConfig
-from tasks.train.rl import train_rl
 from tasks.train.harness import StageHarness, StageJob
+from tasks.train.rl import train_rl
 
 
 def first_token_reward(row, text, token_ids):

@@ -50,7 +50,7 @@ def test_seeded_sampling_is_reproducible_and_seed_sensitive(backend):
     first = backend.generate(PROMPTS, params)
     again = backend.generate(PROMPTS, params)
     other = backend.generate(PROMPTS, SamplingParams(n=2, max_tokens=10, seed=8, top_p=0.9))
-    ids = lambda out: [c.token_ids for per_prompt in out for c in per_prompt]  # noqa: E731
+    ids = lambda out: [c.token_ids for per_prompt in out for c in per_prompt]
     assert ids(first) == ids(again)
     assert ids(first) != ids(other)
 
@@ -135,8 +135,9 @@ def test_factory_builds_the_configured_backend(tiny_path):
 
 def test_inhouse_hybrid_model_samples_through_the_same_backend(tmp_path, tiny_path):
     hybrid = pytest.importorskip("model.hybrid")
-    from model.config import HybridConfig
     from transformers import AutoTokenizer
+
+    from model.config import HybridConfig
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_path)
     torch.manual_seed(0)

@@ -10,8 +10,8 @@ import pytest
 from tasks.rollout.base import SamplingParams
 from tasks.rollout.config import LocalConfig, OpenAIConfig
 from tasks.rollout.local import LocalBackend
-from tasks.rollout.repetition import repetition_cut
 from tasks.rollout.openai_client import OpenAIBackend, OpenAIBackendError
+from tasks.rollout.repetition import repetition_cut
 from tasks.rollout.server import ServerProcess, free_port
 from tasks.rollout.tiny_model import tiny_llama_path
 

@@ -7,7 +7,13 @@ import polars as pl
 import pytest
 
 from data_specs import get_spec
-from data_specs.stages import STAGE_NAMES, TRAIN_STAGES, TRAINING_TABLES, earlier_stages, stages_reading
+from data_specs.stages import (
+    STAGE_NAMES,
+    TRAIN_STAGES,
+    TRAINING_TABLES,
+    earlier_stages,
+    stages_reading,
+)
 
 
 def test_each_registered_stage_reaches_config_specs_runner_and_pipeline():
@@ -187,7 +193,7 @@ def test_independent_stages_run_side_by_side_and_a_failure_stops_only_what_depen
 def test_stages_hand_over_what_they_wrote_and_a_reused_stage_what_it_wrote_then(wh, monkeypatch):
     """A stage runs on the refs its upstream stages handed over and passes them on with its own
     writes; a reused stage hands over its recorded outputs, unless new data came from outside."""
-    import flows.pipeline as pipeline
+    from flows import pipeline
     from flows.pipeline import Stage, handed_over, stage_task
 
     pool = wh.write("pool", pl.DataFrame({"x": [1]}))

@@ -1,5 +1,6 @@
 """Difficulty calibration against a scripted solver whose accuracy falls with level,
 the band rules, the curriculum, and the RolloutBackend adapter."""
+import itertools
 import json
 import math
 
@@ -17,6 +18,7 @@ from tasks.synth.calibration import (
 )
 from tasks.synth.config import CalibrationConfig, SynthesizeConfig
 from tasks.synth.registry import get_task
+
 
 @pytest.fixture(autouse=True)
 def _fresh_tracking_store(monkeypatch):
@@ -102,7 +104,7 @@ def test_curriculum_moves_to_harder_levels_in_later_stages():
     row = {"task": "t", "lower_level": 1, "upper_level": 5}
     stages = [curriculum_levels(row, s, 3) for s in range(3)]
     assert stages[0][0] == 1 and stages[-1][-1] == 5
-    assert all(min(a) <= min(b) and max(a) <= max(b) for a, b in zip(stages, stages[1:]))
+    assert all(min(a) <= min(b) and max(a) <= max(b) for a, b in itertools.pairwise(stages))
     assert set().union(*map(set, stages)) == {1, 2, 3, 4, 5}
     assert curriculum_levels({"lower_level": 2, "upper_level": 2}, 3, 4) == [2]
     many = [curriculum_levels(row, s, 10) for s in range(10)]

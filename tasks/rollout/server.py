@@ -24,6 +24,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import httpx
 from pydantic import BaseModel, Field
@@ -282,7 +283,7 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -15,7 +15,7 @@ TINY_LLAMA_NAME = "tiny-llama"
 
 def _corpus(size: int = 400) -> list[str]:
     """Deterministic varied text: arithmetic, code and prose fragments."""
-    words = "the of and to in is that for it as with was on be by this are from or at".split()
+    words = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this", "are", "from", "or", "at"]
     lines = []
     for i in range(size):
         a, b = (i * 7919) % 97, (i * 104729) % 89

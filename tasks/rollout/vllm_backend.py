@@ -31,10 +31,10 @@ class VLLMBackend:
             raise ImportError("the vllm backend needs the gpu extra: pip install 'posttrain[gpu]'") from e
         self.config = config or VLLMConfig()
         self.model_name = model_path
-        kwargs = dict(model=model_path, dtype=self.config.dtype,
-                      gpu_memory_utilization=self.config.gpu_memory_utilization,
-                      tensor_parallel_size=self.config.tensor_parallel_size,
-                      enforce_eager=self.config.enforce_eager)
+        kwargs = {"model": model_path, "dtype": self.config.dtype,
+                      "gpu_memory_utilization": self.config.gpu_memory_utilization,
+                      "tensor_parallel_size": self.config.tensor_parallel_size,
+                      "enforce_eager": self.config.enforce_eager}
         if self.config.max_model_len:
             kwargs["max_model_len"] = self.config.max_model_len
         self.llm = LLM(**kwargs)
@@ -64,7 +64,7 @@ class VLLMBackend:
             text=output.text, token_ids=token_ids, logprobs=logprobs,
             finish_reason="length" if output.finish_reason == "length" else "stop",
         )
-        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
         completion = truncate_on_repetition(completion, params.repetition_window, params.repetition_prob, decode=decode)
         if not params.logprobs:
             completion.logprobs = None

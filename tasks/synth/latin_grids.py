@@ -69,7 +69,7 @@ def count_latin_solutions(n: int, givens: Grid, extra_ok: ExtraCheck | None = No
             if grid[r][c]:
                 continue
             mask = candidates(r, c)
-            k = bin(mask).count("1")
+            k = (mask).bit_count()
             if k < best_n:
                 best, best_mask, best_n = (r, c), mask, k
                 if k <= 1:

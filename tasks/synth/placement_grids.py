@@ -598,9 +598,8 @@ def count_campsite_solutions(n: int, trees: list[Cell], row_counts: list[int], c
                 count += 1
             return
         r, c = candidates[i]
-        if i == 0 or candidates[i - 1][0] != r:
-            if any(rows_left[x] for x in range(r)):   # an earlier row is left short
-                return
+        if (i == 0 or candidates[i - 1][0] != r) and any(rows_left[x] for x in range(r)):
+            return   # a new row starts while an earlier row is left short
         remaining_in_row[r] -= 1
         can_place = (rows_left[r] > 0 and cols_left[c] > 0
                      and not any((r + dr, c + dc) in chosen_set for dr, dc in NEIGHBORS_8))

@@ -1,6 +1,7 @@
 """Paths and sequences: math path, arrow maze, time sequence."""
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from dataclasses import dataclass
@@ -112,7 +113,7 @@ class ArrowMaze(SynthTask):
             if path:
                 break
         arrows = [[rng.choice(ARROWS) for _ in range(n)] for _ in range(n)]
-        for (r, c), (r2, c2) in zip(path, path[1:]):
+        for (r, c), (r2, c2) in itertools.pairwise(path):
             dr, dc = r2 - r, c2 - c
             k = max(abs(dr), abs(dc))
             arrows[r][c] = next(a for a, v in DIRECTIONS.items() if v == (dr // k, dc // k))
@@ -156,7 +157,7 @@ class ArrowMaze(SynthTask):
         cells = [(r - 1, c - 1) for r, c in parse_pairs(answer)]
         if len(cells) < 2 or list(cells[0]) != meta["start"] or list(cells[-1]) != meta["goal"]:
             return 0.0
-        for (r, c), (r2, c2) in zip(cells, cells[1:]):
+        for (r, c), (r2, c2) in itertools.pairwise(cells):
             if not (0 <= r2 < n and 0 <= c2 < n) or arrows[r][c] not in DIRECTIONS:
                 return 0.0
             dr, dc = DIRECTIONS[arrows[r][c]]
@@ -234,7 +235,7 @@ class TimeSequence(SynthTask):
                 a = rng.randrange(self.DAY_START, self.DAY_END - length, 5)
                 slots.append((a, a + length))
             slots.sort()
-            if all(b < a2 for (_, b), (a2, _) in zip(slots, slots[1:])):   # one person, no overlaps
+            if all(b < a2 for (_, b), (a2, _) in itertools.pairwise(slots)):   # one person, no overlaps
                 return slots
 
     def _earliest(self, busy: dict, p: TimeSequenceParams) -> int | None:

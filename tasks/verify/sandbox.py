@@ -135,8 +135,8 @@ def _kill_everything(proc: subprocess.Popen, uid: int) -> None:
         # running as that uid may signal exactly those, so kill(-1) from it is precise.
         subprocess.run(
             [sys.executable, "-I", "-S", "-c",
-             f"import os\nos.setgid({uid})\nos.setuid({uid})\n"
-             "try:\n    os.kill(-1, 9)\nexcept ProcessLookupError:\n    pass\n"],
+             (f"import os\nos.setgid({uid})\nos.setuid({uid})\n"
+             "try:\n    os.kill(-1, 9)\nexcept ProcessLookupError:\n    pass\n")],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             timeout=30, check=False,
         )
