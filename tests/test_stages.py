@@ -31,6 +31,17 @@ def test_each_registered_stage_reaches_config_specs_runner_and_pipeline():
         column = next(c for c in get_spec(table).columns if c.name == "stage")
         assert tuple(column.allowed) == stages_reading(table)
     assert earlier_stages("rl") == ("dpo_long", "dpo_short", "sft_long", "sft_short")
+    # the first stage to run builds the base model, whose tokenizer is trained on the texts of
+    # TEXT_TABLES as they stand: every first stage waits for the stages writing them (a judge
+    # started after synthesize alone built it before curate had written sft_pool, and the
+    # default run's every outcome moved). rollouts come later and only a cached model sees them.
+    from flows.pipeline import upstream_stages
+    from tasks.train.base_model import TEXT_TABLES
+
+    writers = {"sft_pool": "curate", "prompts": "ingest", "synthetic_tasks": "synthesize"}
+    for ts in TRAIN_STAGES:
+        if ts.follows is None:
+            assert {writers[t] for t, _ in TEXT_TABLES if t in writers} <= upstream_stages(ts.name), ts.name
     # the pipeline runs every stage after all it depends on
     order = list(STAGES)
     assert all(order.index(dep) < order.index(name) for name, st in STAGES.items() for dep in st.after)
