@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -117,7 +118,26 @@ class ServedSampler:
         self.sync_seconds += time.monotonic() - started
 
     def _load(self, target: Path, version: int) -> None:
-        """Have the engine load the weights in ``target`` as ``version``."""
+        """Have the engine load the weights in ``target`` as ``version``; an engine that died
+        (its port refusing before its exit is visible) is restarted first, within ``restarts``."""
+        try:
+            self._post_weights(target, version)
+        except httpx.TransportError:
+            if not self._died():   # alive: the request itself failed
+                raise
+            self._ensure_running()
+            self._post_weights(target, version)
+
+    def _died(self, grace_s: float = 10.0) -> bool:
+        """Whether the engine process has exited, waiting ``grace_s`` for an exit in progress (a
+        SIGKILLed engine closes its socket before ``poll`` sees it gone)."""
+        try:
+            self.server.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def _post_weights(self, target: Path, version: int) -> None:
         response = httpx.post(f"{self.server.base_url}/weights", json={"path": str(target), "version": version},
                               timeout=self.cfg.startup_timeout_s)
         if response.status_code != 200:
@@ -136,7 +156,7 @@ class ServedSampler:
         try:
             groups = self.client.generate(prompts, params)
         except OpenAIBackendError:
-            if self.server.proc.poll() is None:   # alive: not a crash, the request itself failed
+            if not self._died():   # alive: not a crash, the request itself failed
                 raise
             self._ensure_running()
             groups = self.client.generate(prompts, params)
