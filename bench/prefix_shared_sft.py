@@ -41,7 +41,13 @@ def main() -> None:
     import torch
 
     from model.loading import load_causal_lm
-    from model.losses import IGNORE_INDEX, prefix_shared_logprobs, sft_loss, token_logprobs
+    from model.losses import (
+        IGNORE_INDEX,
+        prefix_shared_logprobs,
+        response_logprobs,
+        sft_loss,
+        token_logprobs,
+    )
     from tasks.train.data import encode_example, pad_batch, pad_id_of
     from warehouse import Warehouse
 
@@ -63,12 +69,7 @@ def main() -> None:
     def step(batch, shared: bool) -> tuple[float, int]:
         inputs = (model, batch["input_ids"], batch["attention_mask"], batch["labels"])
         t0 = time.perf_counter()
-        if shared:
-            out = prefix_shared_logprobs(*inputs, pad_id=pad)
-            logp, aux, saved = out.logp, out.aux, out.tokens_saved
-        else:
-            logp, _, aux = token_logprobs(*inputs)
-            saved = 0
+        logp, _, aux, saved = response_logprobs(*inputs, pad_id=pad, prefix_shared=shared)   # the stage's call
         loss = sft_loss(logp, batch["labels"][:, 1:] != IGNORE_INDEX, "token") + aux
         loss.backward()
         model.zero_grad(set_to_none=True)

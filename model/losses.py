@@ -257,6 +257,15 @@ def _reencode(model, input_ids, attention_mask, labels, reason: str | None = Non
     return SharedLogprobs(*token_logprobs(model, input_ids, attention_mask, labels), 0)
 
 
+def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+                      pad_id: int = 0, prefix_shared: bool = True) -> SharedLogprobs:
+    """The log-probs every training stage scores with: ``prefix_shared_logprobs`` when the
+    stage's ``prefix_shared`` is on, else every row re-encoded (``tokens_saved`` 0)."""
+    if prefix_shared:
+        return prefix_shared_logprobs(model, input_ids, attention_mask, labels, pad_id)
+    return _reencode(model, input_ids, attention_mask, labels)
+
+
 def prefix_shared_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            labels: torch.Tensor, pad_id: int = 0) -> SharedLogprobs:
     """``token_logprobs`` of right-padded prompt+response rows, each shared prompt prefix encoded

@@ -11,13 +11,7 @@ import os
 
 import torch
 
-from model.losses import (
-    IGNORE_INDEX,
-    dpo_loss,
-    prefix_shared_logprobs,
-    sequence_logprob,
-    token_logprobs,
-)
+from model.losses import IGNORE_INDEX, dpo_loss, response_logprobs, sequence_logprob
 from tasks.train.data import batch_indices, encode_example, pad_batch, pad_id_of
 from tasks.train.engine import backward_and_step, current_lr
 from tasks.train.harness import StageHarness, ids_digest
@@ -29,7 +23,7 @@ def _sequence_logps(model, encoded: list[tuple[list[int], int]], pad: int, max_t
     one batch, encode their prompt once."""
     batch = pad_batch([e[0] for e in encoded], [e[1] for e in encoded], pad, max_tokens)
     inputs = (model, batch["input_ids"], batch["attention_mask"], batch["labels"])
-    logp = prefix_shared_logprobs(*inputs, pad_id=pad).logp if prefix_shared else token_logprobs(*inputs)[0]
+    logp = response_logprobs(*inputs, pad_id=pad, prefix_shared=prefix_shared).logp
     return sequence_logprob(logp, batch["labels"][:, 1:] != IGNORE_INDEX)
 
 

@@ -29,8 +29,7 @@ from model.losses import (
     informative_groups,
     masked_mean,
     policy_loss,
-    prefix_shared_logprobs,
-    token_logprobs,
+    response_logprobs,
 )
 from tasks.genrm.length_bias import LengthBiasMonitor
 from tasks.genrm.references import current_references
@@ -204,9 +203,7 @@ def _policy_logprobs(module, tensors: dict, rows: list[int], prefix_shared: bool
     responses in these rows (``prefix_shared``), or every prompt re-encoded with its response."""
     idx = torch.tensor(rows)
     batch = (module, tensors["input_ids"][idx], tensors["attention_mask"][idx], tensors["labels"][idx])
-    if prefix_shared:
-        return prefix_shared_logprobs(*batch)
-    return SharedLogprobs(*token_logprobs(*batch), 0)
+    return response_logprobs(*batch, prefix_shared=prefix_shared)
 
 
 def _behaviour_logprobs(module, tensors: dict, micro_batches: list[list[int]],

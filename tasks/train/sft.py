@@ -1,7 +1,7 @@
 """Supervised fine-tuning stage (short or long): masked next-token NLL on the response."""
 from __future__ import annotations
 
-from model.losses import IGNORE_INDEX, prefix_shared_logprobs, sft_loss, token_logprobs
+from model.losses import IGNORE_INDEX, response_logprobs, sft_loss
 from tasks.train.data import batch_indices, encode_example, pad_batch, pad_id_of
 from tasks.train.engine import backward_and_step, current_lr
 from tasks.train.harness import StageHarness, ids_digest
@@ -24,11 +24,9 @@ def train_sft(h: StageHarness) -> dict:
             batch = pad_batch([encoded[i][0] for i in micro], [encoded[i][1] for i in micro], pad,
                               cfg.max_tokens)
             inputs = (engine.module, batch["input_ids"], batch["attention_mask"], batch["labels"])
-            if cfg.prefix_shared:   # e.g. judge examples: the same grading instructions open every prompt
-                logp, _, aux, tokens_saved = prefix_shared_logprobs(*inputs, pad_id=pad)
-                saved += tokens_saved
-            else:
-                logp, _, aux = token_logprobs(*inputs)
+            # shared e.g. by judge examples: the same grading instructions open every prompt
+            logp, _, aux, tokens_saved = response_logprobs(*inputs, pad_id=pad, prefix_shared=cfg.prefix_shared)
+            saved += tokens_saved
             mask = batch["labels"][:, 1:] != IGNORE_INDEX
             loss = sft_loss(logp, mask, cfg.normalization) + aux
             step_norm = backward_and_step(engine, loss)
