@@ -55,6 +55,10 @@ class MathVerifyTimeout(TimeoutError):
     81^129^28 makes sympy evaluate a number with more digits than atoms in the universe)."""
 
 
+def _no_verdict(gold: str, predicted: str, why: str) -> MathVerifyTimeout:
+    return MathVerifyTimeout(f"no verdict on {predicted[:120]!r} against {gold[:120]!r}{why}")
+
+
 def _timeout_s() -> int | None:
     # math-verify times out with signal.alarm, which only works in the main thread.
     return _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
@@ -78,7 +82,7 @@ def _equivalent_here(gold: str, predicted: str) -> bool:
     try:
         return bool(verify(gold_parsed, predicted_parsed, timeout_seconds=_timeout_s(), raise_on_error=True))
     except TimeoutException:
-        raise MathVerifyTimeout(f"no verdict on {predicted[:120]!r} against {gold[:120]!r} within {_TIMEOUT_S}s") from None
+        raise _no_verdict(gold, predicted, f" within {_TIMEOUT_S}s") from None
     except Exception:  # noqa: BLE001 - sympy can raise anything on odd input; that is a miss
         return False
 
@@ -125,8 +129,7 @@ class _MathWorker:
             reply = self._reply(2 * _TIMEOUT_S + 1)
             if reply is None:
                 self._stop()
-                raise MathVerifyTimeout(f"no verdict on {predicted[:120]!r} against {gold[:120]!r}: "
-                                        f"the math worker was stopped after {2 * _TIMEOUT_S + 1}s")
+                raise _no_verdict(gold, predicted, f": the math worker was stopped after {2 * _TIMEOUT_S + 1}s")
         if reply["status"] == "timeout":
             raise MathVerifyTimeout(reply["message"])
         return bool(reply["equal"])
