@@ -53,6 +53,8 @@ def main() -> None:
 
     torch.set_num_threads(1)
     wh = Warehouse(args.home)
+    if not (wh.exists("judge_data") and wh.exists("models")):
+        raise SystemExit(f"{args.home}: no judge_data or models table; run the pipeline first (make run)")
     data = wh.read("judge_data")
     judge = wh.read("models").filter(pl.col("stage") == "judge")
     if judge.height == 0 or data.height == 0:
