@@ -45,8 +45,10 @@ def _digest(*parts) -> str:
 
 
 @task(name="train-base-model")
-def base_model_task(home: str, cfg: dict, model_section: dict, seed: int) -> str:
-    return str(prepare_base_model(Warehouse(home), TrainConfig(**cfg).base_model, model_section, seed))
+def base_model_task(home: str, cfg: dict, model_section: dict, seed: int,
+                    sources: dict[str, TableRef] | None = None) -> str:
+    """The base model, built (once per name) from the text tables handed over in ``sources``."""
+    return str(prepare_base_model(Warehouse(home), TrainConfig(**cfg).base_model, model_section, seed, sources))
 
 
 @task(name="train-build-data")
@@ -205,7 +207,7 @@ def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str]
         config_hash = ctx.profile.config_hash("train", "model")
         name = _run_name(ctx.profile, run_name, config_hash)
         sequence = _stage_sequence(stages, cfg)
-        base = base_model_task(home_str, cfg.model_dump(), ctx.profile.raw("model"), ctx.profile.core.seed)
+        base = base_model_task(home_str, cfg.model_dump(), ctx.profile.raw("model"), ctx.profile.core.seed, sources)
         tables = list(dict.fromkeys(train_stage(s).table for s in sequence))
         data_refs = build_data_task(home_str, cfg.model_dump(), base, tables, sources)
         for ref in data_refs.values():

@@ -243,3 +243,16 @@ def test_training_tables_are_built_from_the_snapshots_handed_over(wh):
     refs, _ = write_training_tables(wh, cfg, _Tokenizer(), ["rl_prompts"], sources={"synthetic_tasks": handed})
     parents = {e["parent"] for e in wh.lineage("rl_prompts") if e["child"] == str(refs["rl_prompts"])}
     assert parents == {str(handed)}
+
+
+def test_the_base_model_tokenizer_reads_the_text_snapshots_handed_over(wh):
+    """The texts a base model's tokenizer is trained on come from the snapshots handed over (a
+    snapshot written after the hand-over is not read); without a hand-over, the newest."""
+    from tasks.train.base_model import warehouse_texts
+
+    handed = _synthetic(wh)
+    newer = _synthetic(wh, per_task=8)             # written after the hand-over
+    texts = [t for col in ("prompt", "answer") for t in wh.read_ref(handed)[col].to_list()]
+    assert warehouse_texts(wh, 10_000, {"synthetic_tasks": handed}) == texts
+    assert warehouse_texts(wh, 10_000) == [t for col in ("prompt", "answer") for t in wh.read_ref(newer)[col].to_list()]
+    assert texts != warehouse_texts(wh, 10_000)

@@ -11,19 +11,22 @@ from pathlib import Path
 
 from tasks.model_cache import build_once
 from tasks.train.config import BaseModelConfig
-from warehouse import Warehouse
+from warehouse import TableRef, Warehouse
 
 TEXT_TABLES = (("sft_pool", ("prompt", "solution", "answer")), ("prompts", ("prompt", "solution", "answer")),
                ("synthetic_tasks", ("prompt", "answer")), ("rollouts", ("text",)))
 
 
-def warehouse_texts(wh: Warehouse, limit: int) -> list[str]:
-    """Up to ``limit`` texts from the tables the stages will train on, in a stable order."""
+def warehouse_texts(wh: Warehouse, limit: int, sources: dict[str, TableRef] | None = None) -> list[str]:
+    """Up to ``limit`` texts from the tables the stages will train on, in a stable order: each at
+    the snapshot in ``sources`` (what the pipeline's earlier stages handed over), else its newest."""
     texts: list[str] = []
+    sources = sources or {}
     for table, columns in TEXT_TABLES:
-        if not wh.exists(table):
+        ref = sources.get(table)
+        if ref is None and not wh.exists(table):
             continue
-        df = wh.read(table)
+        df = wh.read(table, ref.snapshot if ref is not None else None)
         for col in columns:
             if col in df.columns:
                 texts.extend(t for t in df[col].to_list() if isinstance(t, str) and t.strip())
@@ -32,8 +35,10 @@ def warehouse_texts(wh: Warehouse, limit: int) -> list[str]:
     return texts[:limit]
 
 
-def prepare_base_model(wh: Warehouse, cfg: BaseModelConfig, model_section: dict, seed: int = 0) -> Path:
-    """Directory of the initial model (built and cached for ``hybrid``)."""
+def prepare_base_model(wh: Warehouse, cfg: BaseModelConfig, model_section: dict, seed: int = 0,
+                       sources: dict[str, TableRef] | None = None) -> Path:
+    """Directory of the initial model (built and cached for ``hybrid``, its tokenizer trained on
+    the texts of ``sources``, the snapshots handed over, where they hold a text table)."""
     if cfg.kind == "pretrained":
         path = Path(cfg.pretrained_path).expanduser()
         if not (path / "config.json").exists():
@@ -44,7 +49,7 @@ def prepare_base_model(wh: Warehouse, cfg: BaseModelConfig, model_section: dict,
         from model import ModelSection, build_tiny_model, train_tokenizer
 
         section = ModelSection(**model_section)
-        texts = warehouse_texts(wh, cfg.tokenizer_texts)
+        texts = warehouse_texts(wh, cfg.tokenizer_texts, sources)
         if len(texts) < 10:
             raise ValueError(f"only {len(texts)} warehouse texts to train the tokenizer on: "
                              "ingest or synthesize data before training")
