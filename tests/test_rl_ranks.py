@@ -3,6 +3,7 @@ curve as one process, policy versions in every rollout, and a SIGKILLed rank rec
 resuming from the last checkpoint with the engine restarted on those weights."""
 import signal
 import time
+from pathlib import Path
 
 import polars as pl
 import psutil
@@ -140,3 +141,62 @@ def test_the_m1_rl_stage_runs_in_its_shape_scaled_down(wh):
     assert [r["step"] for r in curve] == [0, 1, 2] and all(r["policy_staleness"] == 0.0 for r in curve)
     rollouts = wh.read("rl_rollouts").filter(pl.col("train_run") == "m1-shape")
     assert sorted(rollouts["policy_version"].unique()) == [0, 2, 4] and set(rollouts["backend"]) == {"serve-model"}
+
+
+def _two_rank_profile(tmp_path) -> str:
+    """The tiny profile with its RL stage on 2 torchrun ranks (ZeRO-2) beside a serve-model
+    engine, scaled to a few steps; the GenRM is off (this home trains no judge)."""
+    import shutil
+
+    import yaml
+
+    from tasks.profile import configs_dir
+
+    profile = tmp_path / "two-rank-rl"
+    shutil.copytree(configs_dir() / "profiles" / "tiny", profile)
+    train = yaml.safe_load((profile / "train.yaml").read_text())
+    train["base_model"]["tokenizer_texts"] = 200
+    train["data"]["rl_requires_difficulty"] = False        # this home has no difficulty run
+    train["engine"].update({"num_ranks": 2, "launcher": "torchrun", "micro_batch_size": 4})
+    train["rl"].update({"steps": 3, "checkpoint_every": 2, "prompts_per_step": 4, "group_size": 4,
+                        "dynamic_sampling": False, "max_sampling_rounds": 1,
+                        "windows": [{"max_tokens": 4, "eps_high": 0.2, "gradient_clipping": 1.0}],
+                        "curriculum": [{"start_step": 0, "domains": {"logic": 1.0}}],
+                        "genrm": {"enabled": False},
+                        "rollout_engine": {"kind": "serve-model", "max_staleness": 0, "threads": 1}})
+    (profile / "train.yaml").write_text(yaml.safe_dump(train))
+    return str(profile)
+
+
+def test_posttrain_train_runs_rl_on_two_ranks_beside_an_engine(wh, tmp_path):
+    """The CLI a user runs: ``posttrain train --stage rl`` on 2 ranks with a separate engine,
+    policy versions and staleness in ``rl_rollouts`` and in the stage's MLflow run."""
+    import mlflow
+    from test_cli import cli
+
+    from tasks.synthesize import generate_task_instances
+
+    rows = []
+    for name in ("object_counting", "web_of_lies"):
+        rows += generate_task_instances.fn(name, [0], 12, 0, 3, "configured")["rows"]
+    wh.write("synthetic_tasks", pl.DataFrame(rows))
+    out = cli("train", "--stage", "rl", "--profile", _two_rank_profile(tmp_path), home=wh.home, timeout=900).stdout
+    assert "rl" in out and "final model" in out, out
+
+    rollouts = wh.read("rl_rollouts")
+    assert set(rollouts["backend"]) == {"serve-model"} and set(rollouts["staleness"]) == {0}
+    versions = rollouts.group_by("step").agg(pl.col("policy_version").unique()).sort("step")
+    assert versions["step"].to_list() == [0, 1, 2]
+    # the rl block's 2 updates a batch: the engine gets the weights of every second optimizer step
+    assert versions["policy_version"].to_list() == [[0], [2], [4]]
+
+    run = wh.read("models").filter(pl.col("stage") == "rl").row(-1, named=True)
+    assert checkpoint.read_done(Path(run["path"]).parent)["world_size"] == 2
+    mlflow.set_tracking_uri(f"sqlite:///{wh.home / 'mlflow.db'}")
+    client = mlflow.MlflowClient()
+    metric = {name: [m.value for m in client.get_metric_history(run["mlflow_run_id"], f"rl.{name}")]
+              for name in ("policy_staleness", "engine_syncs")}
+    # one push before each sampling round after the first (max_staleness 0)
+    assert metric == {"policy_staleness": [0.0, 0.0, 0.0], "engine_syncs": [0.0, 1.0, 2.0]}, metric
+    params = client.get_run(run["mlflow_run_id"]).data.params
+    assert (params["engine.num_ranks"], params["stage_config.rollout_engine.kind"]) == ("2", "serve-model")
