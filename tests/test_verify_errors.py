@@ -95,3 +95,30 @@ def test_a_custom_reward_still_verifies_each_sample_once_for_correctness(monkeyp
     scored = reward.score([CODE], [completions("    return a + b\n")], RewardCounters())
     assert len(runs) == 1 and [(s.reward, s.correct, s.scorer) for s in scored[0]] == [(0.25, 1.0, "custom")]
 
+
+
+def test_a_round_verified_by_several_threads_scores_exactly_as_one_thread(monkeypatch):
+    """``rl.verify_workers`` threads (math decided by worker processes, one per thread) give the
+    samples, their order and the error counts of verifying one sample after another."""
+    import tasks.verify.math as math_verifier
+
+    math_rows = [pool_row(f"m{i}", "math", {"id": f"m{i}", "answer": answer})
+                 for i, answer in enumerate(["1/2", "3", "\\sqrt{2}", "x^2 - 1"])]
+    rows = [*math_rows, BROKEN_METADATA, CODE]
+    groups = [completions("\\boxed{0.5}", "<answer>1/3</answer>", "no answer at all"),
+              completions("<answer>3.0</answer>", "<answer>three</answer>"),
+              completions("\\boxed{2^{1/2}}", "\\boxed{1.41}"),
+              completions("<answer>(x-1)(x+1)</answer>", "<answer>x^2+1</answer>"),
+              completions("<answer>blue</answer>"),
+              completions("    return a + b\n", "    return a - b\n")]
+    monkeypatch.setattr(math_verifier, "_WORKER", math_verifier._MathWorkers())
+    math_verifier._decided.cache_clear()
+    one = RewardCounters()
+    expected = DomainReward(GenRMRewardConfig(enabled=False)).score(rows, groups, one)
+    math_verifier._decided.cache_clear()
+    several = RewardCounters()
+    got = DomainReward(GenRMRewardConfig(enabled=False), verify_workers=3).score(rows, groups, several)
+    assert got == expected and several == one
+    assert [[s.reward for s in g] for g in got] == [[1.0, 0.0, 0.0], [1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [0.0],
+                                                     [1.0, 0.0]]
+    assert 1 <= math_verifier._WORKER._started <= 3     # the threads' worker processes, at most one each

@@ -175,6 +175,9 @@ class RLStageConfig(StageCommon):
         CurriculumPhase(start_step=0, domains={"math": 1.0, "logic": 1.0, "code": 1.0}),
         CurriculumPhase(start_step=1000, domains={"math": 1.0, "logic": 1.0, "code": 1.0, "general": 1.0})])
     max_prompts: int | None = Field(None, ge=1, description="cap on the RL pool size")
+    verify_workers: int = Field(
+        2, ge=1, description="threads verifying a sampling round's responses on rank 0 (math answers decided in "
+                             "worker processes, one per thread; code in one sandbox per thread)")
     genrm: GenRMRewardConfig = Field(default_factory=GenRMRewardConfig)
     # does the reward follow response length at fixed correctness? (events -> recalibration)
     length_bias: LengthBiasConfig = Field(default_factory=LengthBiasConfig)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -157,6 +158,7 @@ class DomainReward:
     judgments: list[dict] = field(default_factory=list)
     home: str | None = None
     calibration: LengthCorrection | None = None
+    verify_workers: int = 1
     _backend: RolloutBackend | None = field(default=None, init=False, repr=False)
     _calibration_snapshot: str | None = field(default=None, init=False, repr=False)
     _warehouse: Any = field(default=None, init=False, repr=False)
@@ -195,17 +197,21 @@ class DomainReward:
               step: int = 0, round_: int = 0) -> list[list[ScoredSample]]:
         out: list[list[ScoredSample | None]] = [[None] * len(g) for g in groups]
         pending: list[_Pending] = []
+        rule: list[tuple[int, int]] = []    # (group, sample) scored by the verifiers
         for gi, (row, completions) in enumerate(zip(rows, groups)):
             for si, c in enumerate(completions):
-                if self.uses_genrm(row):
-                    request = self._request(row, c.text)
-                    if request is None:
-                        counters.genrm_no_reference += 1
-                        out[gi][si] = self._genrm_sample(None, "no_reference")
-                    else:
-                        pending.append(_Pending(gi, si, request))
+                if not self.uses_genrm(row):
+                    rule.append((gi, si))
+                    continue
+                request = self._request(row, c.text)
+                if request is None:
+                    counters.genrm_no_reference += 1
+                    out[gi][si] = self._genrm_sample(None, "no_reference")
                 else:
-                    out[gi][si] = self._rule_sample(row, c, counters)
+                    pending.append(_Pending(gi, si, request))
+        for (gi, si), verdict in zip(rule, self._verify_all([(rows[gi], groups[gi][si].text) for gi, si in rule]),
+                                     strict=True):
+            out[gi][si] = self._rule_sample(rows[gi], groups[gi][si], verdict, counters)
         if pending:
             correction = self.refresh_calibration()
             counters.length_correction_slope = correction.slope if correction is not None else 0.0
@@ -229,9 +235,22 @@ class DomainReward:
                     counters.genrm_rule_decided += s.status == "rule"
         return out  # type: ignore[return-value]
 
-    def _rule_sample(self, row: dict, c: Completion, counters: RewardCounters) -> ScoredSample:
+    def _verify_all(self, items: list[tuple[dict, str]]) -> list[tuple[float, str | None]]:
+        """(score, error) of every (row, response), in order, ``verify_workers`` at a time (math
+        answers decided in worker processes, one per thread; code in its sandbox); each verdict is
+        a function of its row and response alone, so the order of deciding changes nothing."""
+        def one(item: tuple[dict, str]) -> tuple[float, str | None]:
+            return verify_with_error(item[0]["domain"], item[0]["source_row"], item[1])
+
+        if self.verify_workers <= 1 or len(items) <= 1:
+            return [one(item) for item in items]
+        with ThreadPoolExecutor(max_workers=self.verify_workers, thread_name_prefix="rl-verify") as pool:
+            return list(pool.map(one, items))
+
+    def _rule_sample(self, row: dict, c: Completion, verdict: tuple[float, str | None],
+                     counters: RewardCounters) -> ScoredSample:
         # one verification per sample (one sandbox run for code): reward and correctness share it
-        score, error = verify_with_error(row["domain"], row["source_row"], c.text)
+        score, error = verdict
         if counters.count_verification(row["domain"], error):
             log.warning("rl_prompts row %s (%s): the verifier cannot score it, reward 0 and counted in "
                         "verify_errors.%s: %s", row.get("prompt_id"), row["domain"], row["domain"], error)

@@ -360,7 +360,8 @@ def make_rewarder(h: StageHarness, pool: list[dict], reward_fn: RewardFn | None,
                                           {r["prompt_id"] for r in pool})
     return DomainReward(cfg, references, judge_backend or judge_backend_factory(cfg.judge.rollout, h.job.home),
                         seed=h.cfg.seed, custom=reward_fn, run_id=h.job.mlflow_run_id,
-                        rollout_prefix=f"rl:{h.job.run_name}", home=h.job.home)
+                        rollout_prefix=f"rl:{h.job.run_name}", home=h.job.home,
+                        verify_workers=h.stage_cfg.verify_workers)
 
 
 def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: JudgeFactory | None = None) -> dict:

@@ -6,6 +6,7 @@ intervals), so "1/2", "0.5" and "\\frac{1}{2}" all match.
 """
 from __future__ import annotations
 
+import functools
 import json
 import select
 import subprocess
@@ -19,6 +20,9 @@ from tasks.synth.base import extract_answer as extract_answer_tag
 
 _TIMEOUT_S = 5
 _EXTRACTION = (LatexExtractionConfig(), ExprExtractionConfig())
+# verdicts kept per process: a policy repeats its answers (a group of G samples, the same
+# prompt every epoch), and math-verify's LaTeX parse of one answer takes tens of milliseconds
+VERDICT_CACHE_SIZE = 65_536
 
 
 def last_boxed(text: str) -> str | None:
@@ -135,15 +139,52 @@ class _MathWorker:
         return bool(reply["equal"])
 
 
-_WORKER = _MathWorker()
+class _MathWorkers:
+    """The math worker processes of this process: a calling thread takes an idle one, or starts
+    one more while fewer than ``limit`` exist, so verifier threads decide side by side instead
+    of queueing on one process (a thread pool of N verifiers gets N workers)."""
+
+    def __init__(self, limit: int = 8) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._idle: list[_MathWorker] = []
+        self._started = 0
+        self._free = threading.Condition(self._lock)
+
+    def equivalent(self, gold: str, predicted: str) -> bool:
+        with self._free:
+            while not self._idle and self._started >= self._limit:
+                self._free.wait()
+            if self._idle:
+                worker = self._idle.pop()
+            else:
+                worker, self._started = _MathWorker(), self._started + 1
+        try:
+            return worker.equivalent(gold, predicted)
+        finally:
+            with self._free:
+                self._idle.append(worker)
+                self._free.notify()
+
+
+_WORKER = _MathWorkers()
 
 
 def math_equal(gold: str, predicted: str) -> bool:
     """math-verify equivalence of two answer strings, with exact match as the fallback. Decided
     in this thread when it is the main one, else by the math worker process, so that it ends
-    within the time limit from any thread; raises ``MathVerifyTimeout`` when it does not."""
+    within the time limit from any thread; raises ``MathVerifyTimeout`` when it does not.
+
+    A verdict is a function of the two strings alone, so each pair is decided once per process
+    (``VERDICT_CACHE_SIZE`` pairs, least recently used dropped); a timeout is not a verdict and
+    is not kept: the pair is tried again when it comes back."""
     if gold.strip() == predicted.strip():
         return True
+    return _decided(gold, predicted)
+
+
+@functools.lru_cache(maxsize=VERDICT_CACHE_SIZE)
+def _decided(gold: str, predicted: str) -> bool:
     if threading.current_thread() is threading.main_thread():
         return _equivalent_here(gold, predicted)
     return _WORKER.equivalent(gold, predicted)
