@@ -1,6 +1,7 @@
 """RL on two DeepSpeed ranks (torchrun, gloo) beside a ``serve-model`` rollout engine: the same
 curve as one process, policy versions in every rollout, and a SIGKILLed rank recovered by
 resuming from the last checkpoint with the engine restarted on those weights."""
+import re
 import signal
 import time
 from pathlib import Path
@@ -181,7 +182,8 @@ def test_posttrain_train_runs_rl_on_two_ranks_beside_an_engine(wh, tmp_path):
         rows += generate_task_instances.fn(name, [0], 12, 0, 3, "configured")["rows"]
     wh.write("synthetic_tasks", pl.DataFrame(rows))
     out = cli("train", "--stage", "rl", "--profile", _two_rank_profile(tmp_path), home=wh.home, timeout=900).stdout
-    assert "rl" in out and "final model" in out, out
+    # the stage table's rl row: 3 steps
+    assert re.search(r"│ rl\s*│ 3\s*│", out) and "final model" in out, out
 
     rollouts = wh.read("rl_rollouts")
     assert set(rollouts["backend"]) == {"serve-model"} and set(rollouts["staleness"]) == {0}

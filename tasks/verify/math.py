@@ -146,10 +146,9 @@ class _MathWorkers:
 
     def __init__(self, limit: int = 8) -> None:
         self._limit = limit
-        self._lock = threading.Lock()
         self._idle: list[_MathWorker] = []
         self._started = 0
-        self._free = threading.Condition(self._lock)
+        self._free = threading.Condition()   # guards the two above; notified when a worker is idle again
 
     def equivalent(self, gold: str, predicted: str) -> bool:
         with self._free:
@@ -172,7 +171,7 @@ _WORKER = _MathWorkers()
 
 def math_equal(gold: str, predicted: str) -> bool:
     """math-verify equivalence of two answer strings, with exact match as the fallback. Decided
-    in this thread when it is the main one, else by the math worker process, so that it ends
+    in this thread when it is the main one, else by a math worker process, so that it ends
     within the time limit from any thread; raises ``MathVerifyTimeout`` when it does not.
 
     A verdict is a function of the two strings alone, so each pair is decided once per process
