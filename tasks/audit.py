@@ -94,12 +94,9 @@ def _latest(wh: Warehouse, name: str, snapshots: dict[str, str]) -> pl.DataFrame
     return wh.read(name, ref.snapshot)
 
 
-def _normalized(text: str | None) -> str:
-    return normalize_texts([text or ""])[0]
-
-
-def _hash(text: str | None) -> str:
-    return text_hash(_normalized(text))
+def _normalized(df: pl.DataFrame, column: str = "prompt") -> list[str]:
+    """The column's texts normalized as curation does, in one vectorized pass."""
+    return normalize_texts(df[column]) if not df.is_empty() else []
 
 
 @dataclass
@@ -108,42 +105,37 @@ class SideRow:
     prompt: str          # normalized
     cluster: str
 
-    @property
-    def prompt_hash(self) -> str:
-        return text_hash(self.prompt)
-
 
 def _side_index(pools: dict[str, pl.DataFrame], synthetic: pl.DataFrame) -> dict[str, dict[str, SideRow]]:
     """side -> id -> where the row lives, its normalized prompt hash and its cluster."""
     index: dict[str, dict[str, SideRow]] = {"sft": {}, "rl": {}}
     for side, name in POOL_TABLES.items():
         df = pools[name]
-        for r in df.iter_rows(named=True) if not df.is_empty() else ():
-            index[side][str(r["id"])] = SideRow(name, _normalized(r["prompt"]), f"pool:{r['cluster_id']}")
-    if not synthetic.is_empty():
-        for r in synthetic.iter_rows(named=True):
-            side = r.get("split")
-            if side in index:
-                index[side][str(r["id"])] = SideRow("synthetic_tasks", _normalized(r["prompt"]),
-                                                    f"synth:{r['cluster_id']}")
+        for r, prompt in zip(df.iter_rows(named=True), _normalized(df)):
+            index[side][str(r["id"])] = SideRow(name, prompt, f"pool:{r['cluster_id']}")
+    for r, prompt in zip(synthetic.iter_rows(named=True), _normalized(synthetic)):
+        side = r.get("split")
+        if side in index:
+            index[side][str(r["id"])] = SideRow("synthetic_tasks", prompt, f"synth:{r['cluster_id']}")
     return index
 
 
 JUDGE_DOMAIN = "judge"
 
 
-def _same_prompt(row: dict, home: SideRow) -> bool:
-    """The training prompt is the curated one; a GenRM judge example quotes it inside its
-    judge prompt (tasks.train.judge_data), so it must contain it instead."""
+def _same_prompt(row: dict, prompt: str, home: SideRow) -> bool:
+    """The training prompt (``prompt``, normalized) is the curated one; a GenRM judge example
+    quotes it inside its judge prompt (tasks.train.judge_data), so it must contain it instead."""
     if row.get("domain") == JUDGE_DOMAIN:
-        return home.table == "synthetic_tasks" and home.prompt in _normalized(row["prompt"])
-    return _hash(row["prompt"]) == home.prompt_hash
+        return home.table == "synthetic_tasks" and home.prompt in prompt
+    return prompt == home.prompt
 
 
-def _check_side(table: str, df: pl.DataFrame, index: dict[str, dict[str, SideRow]]) -> AuditCheck:
+def _check_side(table: str, df: pl.DataFrame, prompts: list[str],
+                index: dict[str, dict[str, SideRow]]) -> AuditCheck:
     side = SIDE_OF_TABLE[table]
     check = AuditCheck(f"{table.split('_')[0]}_side")
-    for r in df.iter_rows(named=True) if not df.is_empty() else ():
+    for r, prompt in zip(df.iter_rows(named=True), prompts):
         check.checked += 1
         pid = str(r[ID_COLUMN[table]])
         home = index[side].get(pid)
@@ -153,17 +145,18 @@ def _check_side(table: str, df: pl.DataFrame, index: dict[str, dict[str, SideRow
             check.flag(f"{table} {r['source_table']}:{pid} comes from {where}")
         elif home.table != r["source_table"]:
             check.flag(f"{table} {pid} claims {r['source_table']} but lives in {home.table}")
-        elif not _same_prompt(r, home):
+        elif not _same_prompt(r, prompt, home):
             check.flag(f"{table} {pid}: prompt differs from the curated {home.table} text")
     return check
 
 
-def _training_rows(tables: dict[str, pl.DataFrame]) -> dict[str, list[tuple[str, str, str]]]:
-    """side -> [(table, id, prompt)] of every training row."""
+def _training_rows(tables: dict[str, pl.DataFrame],
+                   prompts: dict[str, list[str]]) -> dict[str, list[tuple[str, str, str]]]:
+    """side -> [(table, id, hash of the normalized prompt)] of every training row."""
     out: dict[str, list[tuple[str, str, str]]] = {"sft": [], "rl": []}
     for table, df in tables.items():
-        for r in df.iter_rows(named=True) if not df.is_empty() else ():
-            out[SIDE_OF_TABLE[table]].append((table, str(r[ID_COLUMN[table]]), r["prompt"]))
+        for r, prompt in zip(df.iter_rows(named=True), prompts[table]):
+            out[SIDE_OF_TABLE[table]].append((table, str(r[ID_COLUMN[table]]), text_hash(prompt)))
     return out
 
 
@@ -171,7 +164,7 @@ def _check_both_sides(rows: dict[str, list[tuple[str, str, str]]], index: dict[s
                       pools: dict[str, pl.DataFrame], synthetic: pl.DataFrame) -> list[AuditCheck]:
     prompts, clusters = AuditCheck("no_prompt_on_both_sides"), AuditCheck("no_cluster_on_both_sides")
     ids = {side: {pid for _, pid, _ in rs} for side, rs in rows.items()}
-    texts = {side: {_hash(p): pid for _, pid, p in rs} for side, rs in rows.items()}
+    texts = {side: {h: pid for _, pid, h in rs} for side, rs in rows.items()}
     prompts.checked = len(ids["sft"] | ids["rl"])
     for pid in sorted(ids["sft"] & ids["rl"]):
         prompts.flag(f"prompt {pid} trains on both sides")
@@ -196,16 +189,16 @@ def _check_benchmarks(rows: dict[str, list[tuple[str, str, str]]], benchmarks: p
                       decisions: pl.DataFrame) -> AuditCheck:
     check = AuditCheck("no_benchmark_item")
     bench = {}
-    for r in benchmarks.iter_rows(named=True) if not benchmarks.is_empty() else ():
-        bench.setdefault(_hash(r["text"]), f"{r['benchmark']}:{r['item_id']}")
+    for r, text in zip(benchmarks.iter_rows(named=True), _normalized(benchmarks, "text")):
+        bench.setdefault(text_hash(text), f"{r['benchmark']}:{r['item_id']}")
     matched = {}
     if not decisions.is_empty():
         for r in decisions.filter(pl.col("stage") == DECONTAM_STAGE).iter_rows(named=True):
             matched[str(r["row_id"])] = r["reference_id"] or r["reason"]
     for side_rows in rows.values():
-        for table, pid, prompt in side_rows:
+        for table, pid, prompt_hash in side_rows:
             check.checked += 1
-            item = bench.get(_hash(prompt))
+            item = bench.get(prompt_hash)
             if item is not None:
                 check.flag(f"{table} {pid} is benchmark item {item}")
             elif pid in matched:
@@ -233,8 +226,9 @@ def run_audit(wh: Warehouse) -> AuditReport:
         raise ValueError(f"{snapshots['synthetic_tasks']} has no 'split' column: re-run `posttrain synthesize`")
     tables = {name: _latest(wh, name, snapshots) for name in SIDE_OF_TABLE}
     index = _side_index(pools, synthetic)
-    rows = _training_rows(tables)
-    checks = [_check_side(name, df, index) for name, df in tables.items()]
+    prompts = {name: _normalized(df) for name, df in tables.items()}
+    rows = _training_rows(tables, prompts)
+    checks = [_check_side(name, df, prompts[name], index) for name, df in tables.items()]
     checks += _check_both_sides(rows, index, pools, synthetic)
     checks.append(_check_benchmarks(rows, _latest(wh, "benchmarks", snapshots), _latest(wh, "decisions", snapshots)))
     checks.append(_check_rl_difficulty(tables["rl_prompts"], _latest(wh, "difficulty", snapshots)))
