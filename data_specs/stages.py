@@ -34,14 +34,19 @@ class TrainStage:
     description: str
     defaults: dict = field(default_factory=dict)   # the paper's values for this stage's profile block
     after: tuple[str, ...] = ()   # pipeline stages (not training) whose output it also builds on
+    # pipeline stages it builds on only when its table holds prompts a GenRM judges (the judge's
+    # model and the references it compares against): followed only then, so a run without such
+    # prompts trains beside the judge instead of waiting for it
+    genrm_after: tuple[str, ...] = ()
     optional: bool = False        # trained only when its table has rows (a profile may ask for none)
 
 
 TRAINING_TABLES: dict[str, TrainingTable] = {t.name: t for t in (
     TrainingTable("sft_data", ("sft_pool", "synthetic_tasks"),
                   "SFT examples from the SFT-side pool and synthetic instances with gold answers"),
-    TrainingTable("dpo_pairs", ("sft_pool", "synthetic_tasks", "references", "rollouts"),
-                  "chosen/rejected pairs on SFT-side prompts: verified rollouts, GenRM references, gold"),
+    TrainingTable("dpo_pairs", ("sft_pool", "synthetic_tasks", "rollouts"),
+                  "chosen/rejected pairs on SFT-side prompts: verified rollouts or gold vs wrong rollouts or "
+                  "verifier-rejected perturbations"),
     TrainingTable("rl_prompts", ("rl_pool", "synthetic_tasks", "difficulty"),
                   "RL-side prompts whose latest difficulty decision is keep"),
     TrainingTable("judge_data", ("synthetic_tasks",),
@@ -61,12 +66,11 @@ TRAIN_STAGES: tuple[TrainStage, ...] = (
                "SFT on examples up to the short length", _SHORT),
     TrainStage("sft_long", "sft", "sft_data", "sft_short", ("models",),
                "SFT on the long examples", _LONG),
-    TrainStage("dpo_short", "dpo", "dpo_pairs", "sft_long", ("models",),
-               "DPO on short pairs", _SHORT, after=("references",)),
-    TrainStage("dpo_long", "dpo", "dpo_pairs", "dpo_short", ("models",),
-               "DPO on long pairs", _LONG, after=("references",)),
+    TrainStage("dpo_short", "dpo", "dpo_pairs", "sft_long", ("models",), "DPO on short pairs", _SHORT),
+    TrainStage("dpo_long", "dpo", "dpo_pairs", "dpo_short", ("models",), "DPO on long pairs", _LONG),
     TrainStage("rl", "rl", "rl_prompts", "dpo_long", ("models", "rl_rollouts", "judgments"),
-               "CISPO RL with staged output-length windows", after=("difficulty", "judge")),
+               "CISPO RL with staged output-length windows", after=("difficulty",),
+               genrm_after=("judge", "references")),
 )
 
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in TRAIN_STAGES)

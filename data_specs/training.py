@@ -40,8 +40,8 @@ JUDGE_DATA = register(_sft_examples(
     "judge_data", "GenRM judge examples (the judge's prompt, the verdict it should give) for the judge stage."))
 
 DPO_PAIRS = register(TableSpec(
-    "dpo_pairs", version=1, key=("pair_id",),
-    description="Preference pairs: a verified or GenRM-preferred response against a wrong one.",
+    "dpo_pairs", version=2, key=("pair_id",),
+    description="Preference pairs: a verified response (correct rollout or gold) against a wrong one.",
     columns=[
         Column("pair_id", pl.Utf8, required=True),
         Column("stage", pl.Utf8, required=True, allowed=stages_reading("dpo_pairs")),
@@ -51,7 +51,7 @@ DPO_PAIRS = register(TableSpec(
         Column("prompt", pl.Utf8, required=True),
         Column("chosen", pl.Utf8, required=True),
         Column("rejected", pl.Utf8, required=True),
-        Column("chosen_source", pl.Utf8, required=True, allowed=("rollout_correct", "reference", "gold")),
+        Column("chosen_source", pl.Utf8, required=True, allowed=("rollout_correct", "gold")),
         Column("rejected_source", pl.Utf8, required=True, allowed=("rollout_wrong", "perturbed")),
         Column("num_tokens", pl.Int64, required=True, check=_non_negative, check_reason="negative_token_count",
                description="prompt plus the longer of the two responses"),

@@ -189,7 +189,9 @@ def stages():
         t.add_column(col, overflow="fold")
     for name, st in STAGES.items():
         ts = train_stage(name) if name in STAGE_NAMES else None
-        t.add_row(name, ", ".join(st.after), ts.recipe if ts else "", ts.table if ts else "",
+        after = "every other stage" if set(st.after) == set(STAGES) - {name} else ", ".join(st.after)
+        after += f"; {', '.join(st.after_if)} if the GenRM judges its prompts" if st.after_if else ""
+        t.add_row(name, after, ts.recipe if ts else "", ts.table if ts else "",
                   ", ".join(TRAINING_TABLES[ts.table].sources) if ts else "", ", ".join(ts.writes) if ts else "")
     console.print(t)
 

@@ -26,7 +26,7 @@ from typing import Any
 import polars as pl
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import wait as wait_for_futures
+from prefect.futures import as_completed
 
 from data_specs.stages import STAGE_NAMES, TRAIN_STAGES, TrainStage, train_stage
 from flows.audit import audit_flow
@@ -55,6 +55,15 @@ class Stage:
     after: tuple[str, ...] = ()            # stages whose results this one builds on
     extra_key: Callable[[], str] = field(default=lambda: "")
     cached: bool = True                    # False: runs every time (checks, not work)
+    # stages it builds on only when ``needs(profile, home, refs)``, asked once ``after`` is done,
+    # says the tables handed over call for them (RL waits for the GenRM judge only with prompts
+    # it judges)
+    after_if: tuple[str, ...] = ()
+    needs: Callable[[str, str | None, Refs], bool] | None = None
+
+    def follows(self, needed: bool) -> tuple[str, ...]:
+        """The stages it builds on in a run: ``after``, plus ``after_if`` when ``needed``."""
+        return self.after + self.after_if if needed else self.after
 
 
 def _package_versions(*names: str) -> str:
@@ -67,13 +76,25 @@ def _package_versions(*names: str) -> str:
     return ",".join(out)
 
 
+def _judges_prompts(profile: str, home: str | None, refs: Refs) -> bool:
+    """Whether the RL stage's prompts, built from the tables handed over, include any its GenRM
+    judges (and so its judge model and references are needed)."""
+    from tasks.train.config import TrainConfig
+    from tasks.train.data import rl_genrm_prompts
+
+    cfg = load_profile(profile).section("train", TrainConfig)
+    return rl_genrm_prompts(Warehouse(home), cfg, refs) > 0
+
+
 def _train_stage(ts: TrainStage) -> Stage:
     """A DeepSpeed training stage from the registry: it follows the stage whose model it starts
-    from (the first, the data stages) and the pipeline stages the registry names."""
+    from (the first, the data stages) and the pipeline stages the registry names; those it
+    needs only for prompts a GenRM judges, only when its prompts include such."""
     follows = (ts.follows,) if ts.follows else ("curate", "synthesize")
     return Stage(ts.name, lambda profile, home, refs: train_stage_flow(ts.name, profile=profile, home=home,
                                                                        sources=refs),
-                 sections=("train", "model"), after=follows + ts.after)
+                 sections=("train", "model"), after=follows + ts.after, after_if=ts.genrm_after,
+                 needs=_judges_prompts if ts.genrm_after else None)
 
 
 _WORK_STAGES = (
@@ -93,43 +114,43 @@ _WORK_STAGES = (
           sections=("difficulty", "rollout"),
           after=("curate", "synthesize", train_stage("rl").follows)),
 )
-_LAST_STAGES = (
-    Stage("evaluate", lambda profile, home, refs: evaluate_flow(profile=profile, home=home),
-          sections=("evaluate", "rollout"), after=(STAGE_NAMES[-1],)),
-    # last, never cached: a run whose training data broke a rule fails here
-    Stage("audit", lambda profile, home, refs: audit_flow(profile=profile, home=home),
-          cached=False, after=("evaluate",)),
-)
+_EVALUATE = Stage("evaluate", lambda profile, home, refs: evaluate_flow(profile=profile, home=home),
+                  sections=("evaluate", "rollout"), after=(STAGE_NAMES[-1],))
+_BEFORE_AUDIT = [*_WORK_STAGES, *(_train_stage(ts) for ts in TRAIN_STAGES), _EVALUATE]
+# last, after every other stage (the judge and references may finish after RL), never cached:
+# a run whose training data broke a rule fails here
+_AUDIT = Stage("audit", lambda profile, home, refs: audit_flow(profile=profile, home=home),
+               cached=False, after=tuple(s.name for s in _BEFORE_AUDIT))
 
 
 def dependency_order(stages: list[Stage]) -> list[Stage]:
     """The stages in an order that respects every ``after`` (the earliest declared ready stage
     first, so the order is stable); a cycle or an unknown dependency is an error."""
     by_name = {s.name: s for s in stages}
-    missing = {(s.name, d) for s in stages for d in s.after if d not in by_name}
+    missing = {(s.name, d) for s in stages for d in s.follows(True) if d not in by_name}
     if missing:
         raise ValueError(f"pipeline stages depend on undeclared stages: {sorted(missing)}")
     done: list[Stage] = []
     while len(done) < len(stages):
-        ready = [s for s in stages if s not in done and all(by_name[d] in done for d in s.after)]
+        ready = [s for s in stages if s not in done and all(by_name[d] in done for d in s.follows(True))]
         if not ready:
             raise ValueError(f"pipeline stages form a cycle: {[s.name for s in stages if s not in done]}")
         done.append(ready[0])
     return done
 
 
-STAGES: dict[str, Stage] = {s.name: s for s in dependency_order(
-    [*_WORK_STAGES, *(_train_stage(ts) for ts in TRAIN_STAGES), *_LAST_STAGES])}
+STAGES: dict[str, Stage] = {s.name: s for s in dependency_order([*_BEFORE_AUDIT, _AUDIT])}
 
 
 def stage_names() -> list[str]:
     return list(STAGES)
 
 
-def stage_cache_key(stage: Stage, profile: Profile, wh: Warehouse) -> str:
+def stage_cache_key(stage: Stage, profile: Profile, wh: Warehouse, after: tuple[str, ...] | None = None) -> str:
     """What a stage's work is a function of besides the tables it reads: its profile sections,
-    the keys of the stages it follows, and its extra key (package versions)."""
-    upstream = {dep: (last_stage_run(wh, dep) or {}).get("cache_key") for dep in stage.after}
+    the keys of the stages it follows in this run (``after``; default its ``after``), and its
+    extra key (package versions)."""
+    upstream = {dep: (last_stage_run(wh, dep) or {}).get("cache_key") for dep in (stage.after if after is None else after)}
     blob = json.dumps({"stage": stage.name, "config": profile.config_hash("profile", *stage.sections),
                        "after": upstream, "extra": stage.extra_key()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
@@ -161,7 +182,8 @@ def _snapshot_writers(wh: Warehouse) -> dict[str, str]:
 
 
 def upstream_stages(name: str) -> set[str]:
-    """Every stage ``name`` follows, directly or through others."""
+    """Every stage ``name`` follows, directly or through others (by ``after``: a stage it follows
+    only when needed finished before it read anything, or ran beside it)."""
     out: set[str] = set()
     pending = list(STAGES[name].after)
     while pending:
@@ -264,15 +286,17 @@ def _reuse_reason(stage: Stage, key: str, previous: dict | None, wh: Warehouse, 
 
 
 @task(name="stage", task_run_name="{name}", cache_policy=NO_CACHE, persist_result=False)
-def stage_task(name: str, profile: str, home: str | None, force: bool, inputs: Refs | None = None) -> dict:
+def stage_task(name: str, profile: str, home: str | None, force: bool, inputs: Refs | None = None,
+               needed: bool = False) -> dict:
     """One pipeline stage: skipped when its last result still stands, else run on the tables
-    handed over (``inputs``) and recorded. Returns its result with ``table_refs``: the inputs
-    updated with every table it wrote, for the stages after it."""
+    handed over (``inputs``) and recorded; ``needed``: it follows its ``after_if`` stages in this
+    run. Returns its result with ``table_refs``: the inputs updated with every table it wrote,
+    for the stages after it."""
     log, wh, stage = flow_logger(), Warehouse(home), STAGES[name]
     inputs = dict(inputs or {})
     prof = load_profile(profile)
     report_progress(name, "start")
-    key = stage_cache_key(stage, prof, wh)
+    key = stage_cache_key(stage, prof, wh, stage.follows(needed))
     previous = last_stage_run(wh, name)
     reason = _reuse_reason(stage, key, previous, wh, force)
     if reason is not None:
@@ -290,38 +314,61 @@ def stage_task(name: str, profile: str, home: str | None, force: bool, inputs: R
     return {**result, "table_refs": {**inputs, **_written(use)}}
 
 
-def run_graph(graph: dict[str, Stage], chosen: list[str],
-              submit: Callable[[str, list], Any]) -> tuple[dict[str, Any], dict[str, str]]:
+def first_finished(futures: list) -> Any:
+    """The first of ``futures`` to finish (at once when one already has). Not Prefect's ``wait``,
+    which returns when *all* are done or at its timeout: the next stage would start late."""
+    pending = as_completed(futures)
+    try:
+        return next(pending)
+    finally:
+        pending.close()
+
+
+def run_graph(graph: dict[str, Stage], chosen: list[str], submit: Callable[[str, bool, list, list], Any],
+              needs: Callable[[str, list], bool] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """Submit each chosen stage of ``graph`` (in dependency order) once the chosen stages it
     follows have finished, so independent branches run side by side; a failure stops only the
-    stages that depend on it.
+    stages that depend on it. A stage with ``after_if`` stages also waits for them when
+    ``needs(name, upstream_results)``, asked once its ``after`` stages have finished, says so.
 
-    ``submit(name, upstream_futures, upstream_results)`` returns a Prefect future. Returns
+    ``submit(name, needed, upstream_futures, upstream_results)`` returns a Prefect future. Returns
     (results by stage, why each stage that did not finish failed or was not run)."""
     submitted: dict[str, Any] = {}   # every future, kept as the upstream edges of later stages
     futures: dict[str, Any] = {}     # those still running
     results: dict[str, Any] = {}
     problems: dict[str, str] = {}
+    needed: dict[str, bool] = {}     # asked once per stage
     waiting = [n for n in graph if n in chosen]
     while waiting or futures:
         for name in list(waiting):
-            deps = [d for d in graph[name].after if d in chosen]
+            stage = graph[name]
+            deps = [d for d in stage.follows(needed.get(name, False)) if d in chosen]
             blocked = [d for d in deps if d in problems]
             if blocked:
                 problems[name] = f"not run: {blocked[0]} did not finish"
                 waiting.remove(name)
             elif all(d in results for d in deps):
-                futures[name] = submitted[name] = submit(name, [submitted[d] for d in deps],
+                if name not in needed:
+                    try:
+                        needed[name] = bool(stage.after_if) and needs is not None and needs(
+                            name, [results[d] for d in deps])
+                    except Exception as exc:  # noqa: BLE001 - reported with the stages it stopped
+                        problems[name] = f"failed deciding what it waits for: {type(exc).__name__}: {exc}"
+                        waiting.remove(name)
+                        continue
+                    if needed[name]:
+                        continue   # now also waits for its after_if stages
+                futures[name] = submitted[name] = submit(name, needed[name], [submitted[d] for d in deps],
                                                          [results[d] for d in deps])
                 waiting.remove(name)
         if not futures:
             continue
-        done = wait_for_futures(list(futures.values()), timeout=60).done   # back at the first to finish
-        for name in [n for n, fut in futures.items() if fut in done]:
-            try:
-                results[name] = futures.pop(name).result()
-            except Exception as exc:  # noqa: BLE001 - reported with the stages it stopped
-                problems[name] = f"failed: {type(exc).__name__}: {exc}"
+        finished = first_finished(list(futures.values()))
+        name = next(n for n, fut in futures.items() if fut is finished)
+        try:
+            results[name] = futures.pop(name).result()
+        except Exception as exc:  # noqa: BLE001 - reported with the stages it stopped
+            problems[name] = f"failed: {type(exc).__name__}: {exc}"
     return results, problems
 
 
@@ -336,9 +383,18 @@ def pipeline_flow(profile: str = "tiny", stages: list[str] | None = None, home: 
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; known: {stage_names()}")
     with flow_context("pipeline", profile, home, {"stages": chosen, "force": force}) as ctx:
-        results, problems = run_graph(STAGES, chosen, lambda name, upstream, upstream_results: stage_task.submit(
-            name, profile, home, force, handed_over(ctx.wh, [r.get("table_refs") or {} for r in upstream_results]),
-            wait_for=upstream))
+        def inputs(upstream_results: list) -> Refs:
+            return handed_over(ctx.wh, [r.get("table_refs") or {} for r in upstream_results])
+
+        def needs(name: str, upstream_results: list) -> bool:
+            ask = STAGES[name].needs
+            needed = ask is None or ask(profile, home, inputs(upstream_results))
+            log.info("stage %s %s %s", name, "waits for" if needed else "does not wait for",
+                     ", ".join(STAGES[name].after_if))
+            return needed
+
+        results, problems = run_graph(STAGES, chosen, lambda name, needed, upstream, upstream_results: stage_task.submit(
+            name, profile, home, force, inputs(upstream_results), needed, wait_for=upstream), needs)
         if problems:
             raise PipelineError("; ".join(f"{n}: {why}" for n, why in problems.items()))
         results["mlflow_run_id"] = ctx.run_id

@@ -193,12 +193,92 @@ def test_independent_stages_run_side_by_side_and_a_failure_stops_only_what_depen
 
     @flow
     def graph_flow():
-        return run_graph(graph, list(graph), lambda name, upstream, _results: stage.submit(name, wait_for=upstream))
+        return run_graph(graph, list(graph), lambda name, _needed, upstream, _results: stage.submit(
+            name, wait_for=upstream))
 
     results, problems = graph_flow()
     assert results == {"a": "a", "b": "b", "e": "e"}
     assert problems["c"].startswith("failed: ValueError") and problems["d"] == "not run: c did not finish"
     assert "d" not in ran
+
+
+@pytest.mark.parametrize("judged", [False, True], ids=["no-judged-prompts", "judged-prompts"])
+def test_a_stage_waits_for_its_after_if_stages_only_when_its_inputs_need_them(judged):
+    """RL's shape: it follows `prep` always and `judge` only when asked, once `prep` is done, says
+    its prompts need the judge. Not needed: it runs while the judge is still running (the judge
+    waits for RL to start); needed: only after the judge finished. Either way `needs` is asked
+    once, with prep's result, and `needed` reaches the submitted stage (its cache key). A stage
+    starts as soon as what it follows has finished, while other stages still run."""
+    import threading
+
+    from prefect import flow, task
+
+    from flows.pipeline import Stage, run_graph
+
+    rl_started, judge_done, asked, order = threading.Event(), threading.Event(), [], []
+
+    @task(task_run_name="{name}")
+    def stage(name: str, needed: bool) -> str:
+        if name == "judge" and not judged:
+            # within 30 s: a scheduler that looked again only when every running stage had finished
+            # (or each minute) would start rl after the judge, or a minute late
+            assert rl_started.wait(30), "rl waited for the judge though its prompts did not need it"
+        if name == "rl":
+            rl_started.set()
+            assert judge_done.is_set() == judged
+        if name == "judge":
+            judge_done.set()
+        order.append(name)
+        return f"{name}:{needed}"
+
+    def run(profile, home, refs):
+        return {}
+
+    graph = {"prep": Stage("prep", run), "judge": Stage("judge", run),
+             "rl": Stage("rl", run, after=("prep",), after_if=("judge",)),
+             "audit": Stage("audit", run, after=("rl", "judge"))}
+
+    def needs(name: str, upstream_results: list) -> bool:
+        asked.append((name, upstream_results))
+        return judged
+
+    @flow
+    def graph_flow():
+        return run_graph(graph, list(graph), lambda name, needed, upstream, _results: stage.submit(
+            name, needed, wait_for=upstream), needs)
+
+    results, problems = graph_flow()
+    assert problems == {} and asked == [("rl", ["prep:False"])]
+    assert results["rl"] == f"rl:{judged}" and order[-1] == "audit"
+    assert order.index("judge") < order.index("rl") if judged else order.index("rl") < order.index("judge")
+
+
+def test_the_pipeline_runs_rl_beside_the_judge_unless_its_prompts_are_judged(wh):
+    """What the pipeline asks before RL waits for the judge and the references: whether the
+    rl_prompts it will build from the tables handed over hold prompts in the GenRM's domains."""
+    from flows.pipeline import STAGES, _judges_prompts
+    from tasks.profile import load_profile
+    from tasks.train.config import TrainConfig
+    from tasks.train.data import rl_genrm_prompts
+
+    rl = STAGES["rl"]
+    assert rl.after_if == ("judge", "references") and "judge" not in rl.after
+    assert "references" not in STAGES["dpo_short"].after
+    assert set(STAGES["audit"].after) == set(STAGES) - {"audit"}     # last, after the judge too
+    cfg = load_profile("tiny").section("train", TrainConfig)
+    cfg.data.rl_requires_difficulty = False
+    logic = _synthetic(wh)
+    assert rl_genrm_prompts(wh, cfg, {"synthetic_tasks": logic}) == 0
+    pool = wh.write("rl_pool", pl.DataFrame([
+        {"id": "g1", "source": "mine", "domain": "general", "prompt": "Write a haiku about rain.", "answer": None,
+         "tests": None, "metadata": "{}", "content_hash": "h", "text_hash": "t", "cluster_id": "c1", "pool": "rl",
+         "verifiable": False}]))
+    assert rl_genrm_prompts(wh, cfg, {"synthetic_tasks": logic, "rl_pool": pool}) == 1
+    assert rl_genrm_prompts(wh, cfg, {"synthetic_tasks": logic}) == 1        # rl_pool not handed over: newest
+    cfg.rl.genrm.enabled = False
+    assert rl_genrm_prompts(wh, cfg, {"synthetic_tasks": logic, "rl_pool": pool}) == 0
+    # the profile's own rl.rl_requires_difficulty holds: undecided prompts do not train, so nothing to judge
+    assert not _judges_prompts("tiny", str(wh.home), {"synthetic_tasks": logic, "rl_pool": pool})
 
 
 def test_stages_hand_over_what_they_wrote_and_a_reused_stage_what_it_wrote_then(wh, monkeypatch):

@@ -5,9 +5,10 @@ Training sees only what curation chose. Each side reads its curated pool and the
 instances assigned to it (``synthetic_tasks.split``), never raw ``prompts``:
 - SFT: ``sft_pool`` rows with a solution or answer, and SFT-side synthetic instances with
   their gold answers.
-- DPO: SFT-side prompts only; chosen = a verified-correct rollout, a GenRM reference
-  (``references``) or the gold answer; rejected = a wrong rollout, else a verifier-rejected
-  perturbation of the gold.
+- DPO: SFT-side prompts only; chosen = a verified-correct rollout or the gold answer;
+  rejected = a wrong rollout, else a verifier-rejected perturbation of the gold. (GenRM
+  references are not candidates: a pair needs a rejected answer, and the open prompts they
+  are chosen for have neither verifier-scored rollouts nor perturbations.)
 - RL: ``rl_pool`` rows and RL-side synthetic instances whose *latest* difficulty decision
   is ``keep`` (``unscored`` for domains without a verifier band).
 Every built table is split short/long by token length, as MiniMax-01 trains them apart.
@@ -284,19 +285,13 @@ def _sft_frame(rows: list[dict], refs: list[TableRef], table: str, cfg: TrainCon
 # --------------------------------------------------------------------------- DPO
 
 
-def _chosen_candidates(src: Sources, rollouts: pl.DataFrame, prompts: dict[str, dict],
-                       refs: list[TableRef]) -> dict[str, tuple[str, str]]:
-    """prompt_id -> (response, source): a correct rollout first, then a GenRM reference, then gold."""
+def _chosen_candidates(rollouts: pl.DataFrame, prompts: dict[str, dict]) -> dict[str, tuple[str, str]]:
+    """prompt_id -> (response, source): a correct rollout first, then gold."""
     chosen: dict[str, tuple[str, str]] = {}
     if not rollouts.is_empty():
         good = rollouts.filter((pl.col("reward") >= 1.0) & pl.col("text").is_not_null()).sort("rollout_id")
         for r in good.filter(pl.col("prompt_id").is_in(list(prompts))).iter_rows(named=True):
             chosen.setdefault(r["prompt_id"], (r["text"], "rollout_correct"))
-    references, fref = src.read("references")
-    if fref is not None:
-        refs.append(fref)
-        for r in references.filter(pl.col("prompt_id").is_in(list(prompts))).iter_rows(named=True):
-            chosen.setdefault(r["prompt_id"], (r["reference"], "reference"))
     for pid, row in prompts.items():
         gold = _gold_response(row)
         if gold:
@@ -340,7 +335,7 @@ def build_dpo_pairs(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataF
     # rollouts sampled outside training (the RL stage keeps its own in rl_rollouts, never read here)
     rollouts, rref = src.read("rollouts")
     refs += [rref] if rref is not None else []
-    chosen = _chosen_candidates(src, rollouts, prompts, refs)
+    chosen = _chosen_candidates(rollouts, prompts)
     rejected = _rejected_candidates(rollouts)
     ranges = cfg.token_ranges(src.table)
     report, out = BuildReport(seen=len(chosen)), []
@@ -350,7 +345,7 @@ def build_dpo_pairs(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataF
             report.drop("prompt_not_found")
             continue
         domain = row.get("domain") or "general"
-        checkable = cfg.data.verify_chosen and good_source != "reference" and domain in ("math", "logic")
+        checkable = cfg.data.verify_chosen and domain in ("math", "logic")
         if checkable and verify(domain, row, good) < 1.0:
             report.drop("chosen_not_verified")
             continue
@@ -418,6 +413,17 @@ def build_rl_prompts(src: Sources, cfg: TrainConfig) -> tuple[pl.DataFrame, list
         rows = rows[: cfg.rl.max_prompts]
     report.kept = len(rows)
     return (pl.DataFrame(rows) if rows else pl.DataFrame()), refs, report
+
+
+def rl_genrm_prompts(wh: Warehouse, cfg: TrainConfig, sources: dict[str, TableRef] | None = None) -> int:
+    """How many of the RL stage's prompts the GenRM judges (``rl_prompts`` as the stage would build
+    it from ``sources``, else from the newest snapshots): 0 when that reward is off or no prompt is in
+    its domains. The pipeline asks before RL waits for the judge; nothing is written."""
+    if not cfg.rl.genrm.enabled:
+        return 0
+    pinned = None if sources is None else {t: wh.pinned(t, sources) for t in TRAINING_TABLES["rl_prompts"].sources}
+    frame, _, _ = build_rl_prompts(Sources(wh, "rl_prompts", pinned), cfg)
+    return 0 if frame.is_empty() else frame.filter(pl.col("domain").is_in(cfg.rl.genrm.domains)).height
 
 
 def write_if_changed(wh: Warehouse, name: str, frame: pl.DataFrame, parents: list[TableRef],
