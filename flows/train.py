@@ -73,7 +73,7 @@ def train_stage_task(stage: str, home: str, profile: str, run_name: str, init_mo
     """Train one stage in its own MLflow child run and register the resulting model."""
     wh, conf = Warehouse(home), TrainConfig(**cfg)
     params = {"stage": stage, "run_name": run_name, "init_model": init_model, "data": str(ref),
-              "stage_config": conf.stage(stage).model_dump(), "engine": conf.engine.model_dump(),
+              "stage_config": conf.stage(stage).model_dump(), "engine": conf.engine_for(stage).model_dump(),
               "optimizer": conf.optimizer.model_dump(), "seed": conf.seed}
     with tracking.tracked_run(stage, params=params, parent_run_id=parent_run_id,
                               tags={"posttrain.profile": profile, "posttrain.train_run": run_name}) as run_id:

@@ -55,6 +55,11 @@ def test_ds_config_follows_the_profile():
     assert ds["zero_allow_untested_optimizer"] is True and ds["train_batch_size"] == 6
     with pytest.raises(ValueError, match="launcher"):
         TrainConfig(engine={"num_ranks": 2, "launcher": "inprocess"})
+    # a stage's own launcher, for its one rank; the rest keep the engine's
+    cfg = TrainConfig(judge={"launcher": "process"})
+    assert cfg.engine_for("judge").launcher == "process" and cfg.engine_for("sft_short") == cfg.engine
+    with pytest.raises(ValueError, match="judge.launcher 'process' runs one rank"):
+        TrainConfig(judge={"launcher": "process"}, engine={"num_ranks": 2, "launcher": "torchrun"})
 
 
 @pytest.mark.parametrize("profile", ["tiny", "gpu", "m1"])
@@ -101,3 +106,17 @@ def test_two_rank_sft_through_the_launcher(wh):
     assert [s["step"] for s in steps] == [0, 1, 2, 3]           # written once, by rank 0
     assert all(torch.isfinite(torch.tensor(s["loss"])) for s in steps)
     assert json.loads((job.stage_path / "ds_config.json").read_text())["train_batch_size"] == 4
+
+
+def test_a_stage_with_its_own_process_trains_there_and_reports_back(wh):
+    """``launcher: process`` on one stage (the tiny judge's, which runs beside the policy): the
+    stage trains in a Python process of its own, whose output is the stage's launcher.log, and
+    returns the same summary as in process."""
+    cfg = small_config()
+    cfg.sft_short.launcher = "process"
+    job = seeded_sft_job(wh, cfg, stage_steps=3, run_name="own-process")
+    result = execute_stage(job)
+    assert result["world_size"] == 1 and result["steps"] == 3
+    assert (job.stage_path / "launcher.log").exists() and (job.stage_path / "DONE").exists()
+    steps = [json.loads(l) for l in (job.stage_path / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [0, 1, 2] and steps[-1]["loss"] < steps[0]["loss"]

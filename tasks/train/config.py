@@ -40,14 +40,15 @@ class EngineConfig(_Strict):
     gradient_accumulation_steps: int = Field(1, ge=1)
     offload_optimizer: bool = False
     num_ranks: int = Field(1, ge=1)
-    # "inprocess" runs one rank in this process (gloo on CPU); the launchers start num_ranks
-    launcher: Literal["inprocess", "torchrun", "deepspeed"] = "inprocess"
+    # "inprocess" runs one rank in this process (gloo on CPU); "process" one rank in a Python process
+    # of its own; the launchers start num_ranks
+    launcher: Literal["inprocess", "process", "torchrun", "deepspeed"] = "inprocess"
     accelerator: Literal["cpu", "cuda"] = "cpu"
     threads_per_rank: int | None = Field(1, ge=1)
 
     @model_validator(mode="after")
     def _ranks_need_launcher(self) -> EngineConfig:
-        if self.num_ranks > 1 and self.launcher == "inprocess":
+        if self.num_ranks > 1 and self.launcher in ("inprocess", "process"):
             raise ValueError("num_ranks > 1 needs launcher 'torchrun' or 'deepspeed'")
         return self
 
@@ -58,6 +59,11 @@ class StageCommon(_Strict):
     keep_checkpoints: int = Field(2, ge=1)
     lr: float | None = Field(None, gt=0, description="overrides optimizer.lr for this stage")
     log_every: int = Field(1, ge=1)
+    launcher: Literal["inprocess", "process"] | None = Field(
+        None, description="this stage's one rank in this process or in a Python process of its own (default: "
+                          "engine.launcher). A stage the pipeline runs beside others (the judge beside the policy) "
+                          "trains in step with them in its own process, where in this one they share one "
+                          "interpreter lock: small models spend most of a step in Python")
     prefix_shared: bool = Field(True, description="encode the prompt prefix rows share once per forward (an RL "
                                 "group's prompt, SFT prompts that open with the same instructions): same log-probs and "
                                 "gradients as re-encoding, fewer tokens (re-encodes where a model's cache can't)")
@@ -239,6 +245,20 @@ class _TrainSettings(_Strict):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     log_weights_max_mb: float = Field(64.0, ge=0, description="final weights up to this size are MLflow artifacts")
+
+    @model_validator(mode="after")
+    def _stage_launchers(self) -> _TrainSettings:
+        for name in STAGE_NAMES:
+            block = getattr(self, name, None)
+            if block is not None and block.launcher is not None and self.engine.num_ranks > 1:
+                raise ValueError(f"{name}.launcher {block.launcher!r} runs one rank; engine.num_ranks is "
+                                 f"{self.engine.num_ranks} (drop it to use engine.launcher)")
+        return self
+
+    def engine_for(self, name: str) -> EngineConfig:
+        """The engine settings stage ``name`` runs with: ``engine``, its own launcher when it sets one."""
+        launcher = self.stage(name).launcher
+        return self.engine if launcher is None else self.engine.model_copy(update={"launcher": launcher})
 
     def stage(self, name: str) -> StageCommon:
         train_stage(name)   # a clear error for an unknown name

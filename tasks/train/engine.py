@@ -188,7 +188,7 @@ def launcher_command(engine_cfg: EngineConfig, job_path: Path) -> list[str]:
     if engine_cfg.launcher == "deepspeed":
         return [str(Path(_venv_bin()) / "deepspeed"), "--num_gpus", str(engine_cfg.num_ranks),
                 "--master_port", port, entry, "--job", str(job_path)]
-    # one rank in a fresh process (used for kill-and-resume and isolation)
+    # "process" (and "inprocess" started from here: kill-and-resume tests): one rank in a fresh process
     return [sys.executable, entry, "--job", str(job_path)]
 
 

@@ -38,7 +38,7 @@ def _check_rl_ranks(job: StageJob, engine_cfg: EngineConfig) -> None:
 
 def execute_stage(job: StageJob, engine_cfg: EngineConfig | None = None, timeout_s: float | None = None) -> dict:
     """Run a stage: in process for one rank, else through the launcher; return its summary."""
-    engine_cfg = engine_cfg or job.train_config.engine
+    engine_cfg = engine_cfg or job.train_config.engine_for(job.stage)
     path = job.stage_path
     path.mkdir(parents=True, exist_ok=True)
     job.save(path / "job.json")
