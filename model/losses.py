@@ -95,6 +95,7 @@ class SharedLogprobs(NamedTuple):
     entropy: torch.Tensor
     aux: torch.Tensor
     tokens_saved: int
+    scored: torch.Tensor          # [B, T-1] bool: the positions whose next token was scored
 
 
 class PrefixLayout(NamedTuple):
@@ -166,11 +167,13 @@ def shared_prefix_groups(prompts: list[tuple[int, ...]]) -> list[tuple[list[int]
 
 
 def prefix_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
-                  pad_id: int = 0) -> PrefixLayout:
+                  pad_id: int = 0, prompt_lengths: torch.Tensor | None = None) -> PrefixLayout:
     """Rows share one prefix where their prompts begin alike (``shared_prefix_groups``), whatever
     their position in the batch: the G responses of an RL prompt, or SFT examples whose prompts
-    open with the same instructions."""
-    starts = response_starts(attention_mask, labels)
+    open with the same instructions. Prompts end at ``prompt_lengths`` when given (labels that
+    score prompt tokens too), else at each row's first scored label."""
+    starts = (response_starts(attention_mask, labels) if prompt_lengths is None
+              else torch.minimum(prompt_lengths, attention_mask.sum(1)).clamp(min=1))
     prompts = [tuple(ids[:n].tolist()) for ids, n in zip(input_ids, starts)]
     groups = shared_prefix_groups(prompts)
     prompt_of_row = [0] * len(prompts)
@@ -254,20 +257,23 @@ def _reencode(model, input_ids, attention_mask, labels, reason: str | None = Non
         _NO_PREFIX_SHARING[model] = reason
         log.warning("prefix-shared log-probs off for %s: %s; re-encoding every response's prompt",
                     type(model).__name__, reason)
-    return SharedLogprobs(*token_logprobs(model, input_ids, attention_mask, labels), 0)
+    scored = (labels[:, 1:] != IGNORE_INDEX) & (attention_mask[:, 1:] != 0)
+    return SharedLogprobs(*token_logprobs(model, input_ids, attention_mask, labels), 0, scored)
 
 
 def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
-                      pad_id: int = 0, prefix_shared: bool = True) -> SharedLogprobs:
+                      pad_id: int = 0, prefix_shared: bool = True,
+                      prompt_lengths: torch.Tensor | None = None) -> SharedLogprobs:
     """The log-probs every training stage scores with: ``prefix_shared_logprobs`` when the
     stage's ``prefix_shared`` is on, else every row re-encoded (``tokens_saved`` 0)."""
     if prefix_shared:
-        return prefix_shared_logprobs(model, input_ids, attention_mask, labels, pad_id)
+        return prefix_shared_logprobs(model, input_ids, attention_mask, labels, pad_id, prompt_lengths)
     return _reencode(model, input_ids, attention_mask, labels)
 
 
 def prefix_shared_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                           labels: torch.Tensor, pad_id: int = 0) -> SharedLogprobs:
+                           labels: torch.Tensor, pad_id: int = 0,
+                           prompt_lengths: torch.Tensor | None = None) -> SharedLogprobs:
     """``token_logprobs`` of right-padded prompt+response rows, each shared prompt prefix encoded
     once (an identical prompt all but its last token; prompts that open alike, their common start).
 
@@ -279,10 +285,13 @@ def prefix_shared_logprobs(model, input_ids: torch.Tensor, attention_mask: torch
     share wherever they sit (a group split across micro-batches shares within each part).
     Re-encodes when no row shares or the model's cache cannot carry a padded prefix exactly (the
     reason logged once per model).
+
+    Labels may score prompt tokens too (a prompt loss) when ``prompt_lengths`` says where each
+    prompt ends: the tokens of a shared prefix are then not scored (``scored`` says which were).
     """
     if model in _NO_PREFIX_SHARING:
         return _reencode(model, input_ids, attention_mask, labels)
-    layout = prefix_layout(input_ids, attention_mask, labels, pad_id)
+    layout = prefix_layout(input_ids, attention_mask, labels, pad_id, prompt_lengths)
     if layout.prefix_ids.shape[0] == input_ids.shape[0] or layout.prefix_ids.shape[1] == 0:
         return _reencode(model, input_ids, attention_mask, labels)
     positions = (layout.prefix_mask.cumsum(-1) - 1).clamp(min=0)
@@ -300,7 +309,8 @@ def prefix_shared_logprobs(model, input_ids: torch.Tensor, attention_mask: torch
     width = input_ids.shape[1] - 1
     saved = int(attention_mask.sum() - layout.prefix_mask.sum() - layout.chunk_mask.sum())
     return SharedLogprobs(_to_batch_columns(logp, layout.chunk_start, width),
-                          _to_batch_columns(entropy * scored, layout.chunk_start, width), aux, saved)
+                          _to_batch_columns(entropy * scored, layout.chunk_start, width), aux, saved,
+                          _to_batch_columns(scored, layout.chunk_start, width))
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ from model.losses import (
     policy_loss,
     prefix_layout,
     prefix_shared_logprobs,
+    response_starts,
     shared_prefix_groups,
     token_logprobs,
 )
@@ -265,3 +266,33 @@ def test_prompts_under_one_instruction_share_it_with_the_same_loss_and_gradients
     torch.testing.assert_close(shared.logp, logp, atol=1e-5, rtol=0)
     mask = batch["labels"][:, 1:] != IGNORE_INDEX
     assert_same_gradients(policy, logp[mask].mean(), shared.logp[mask].mean())
+
+
+def test_a_prompt_loss_scores_every_token_after_the_shared_instruction_as_re_encoding_does():
+    """SFT with a prompt loss (``prompt_loss_weight``): labels score the prompt too, and the prompt
+    lengths say where each prompt ends, so the rows still share their instruction. Every token
+    after it is scored with re-encoding's log-prob; the shared instruction, the same for every
+    row, is not scored (``scored`` says so), and the loss over what was scored has re-encoding's
+    gradient."""
+    policy = tiny_policy()
+    batch = instruction_batch()
+    prompt_lengths = response_starts(batch["attention_mask"], batch["labels"])
+    every_token = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE_INDEX)
+    logp, _, _ = token_logprobs(policy, batch["input_ids"], batch["attention_mask"], every_token)
+    shared = prefix_shared_logprobs(policy, batch["input_ids"], batch["attention_mask"], every_token,
+                                    prompt_lengths=prompt_lengths)
+    assert shared.tokens_saved == 5 * 14
+    # re-encoding scores every real next token; sharing all but those the 14-token instruction predicts
+    real = batch["attention_mask"][:, 1:] != 0
+    columns = torch.arange(real.shape[1])[None]
+    assert torch.equal(shared.scored, real & (columns >= 14))
+    torch.testing.assert_close(shared.logp[shared.scored], logp[shared.scored], atol=1e-5, rtol=0)
+    assert (shared.logp[~shared.scored] == 0).all()
+    # without prompt lengths the first scored label would be taken for the prompt's end: nothing shared
+    assert prefix_shared_logprobs(policy, batch["input_ids"], batch["attention_mask"], every_token).tokens_saved == 0
+    assert_same_gradients(policy, logp[shared.scored].mean(), shared.logp[shared.scored].mean())
+    # the response tokens are scored in both, and a re-encoded batch says it scored exactly its labels
+    response = batch["labels"][:, 1:] != IGNORE_INDEX
+    assert (shared.scored & response).sum() == response.sum()
+    assert torch.equal(prefix_shared_logprobs(policy, batch["input_ids"], batch["attention_mask"],
+                                              batch["labels"]).scored, response)

@@ -108,6 +108,26 @@ def test_two_rank_sft_through_the_launcher(wh):
     assert json.loads((job.stage_path / "ds_config.json").read_text())["train_batch_size"] == 4
 
 
+def _stage_steps(wh, cfg: TrainConfig, run_name: str) -> list[dict]:
+    job = seeded_sft_job(wh, cfg, stage_steps=3, run_name=run_name)
+    execute_stage(job)
+    return [json.loads(l) for l in (job.stage_path / "steps.jsonl").read_text().splitlines()]
+
+
+def test_a_prompt_loss_adds_the_prompt_tokens_to_the_sft_objective(wh):
+    """``prompt_loss_weight``: the response's loss is logged on its own and matches a run without
+    the prompt term before the first update; the prompt term adds to the loss and changes the
+    updates (with prefix sharing on, as the tiny judge trains)."""
+    plain = _stage_steps(wh, small_config(), "plain")
+    cfg = small_config()
+    cfg.sft_short.prompt_loss_weight, cfg.sft_short.prefix_shared = 0.5, True
+    weighted = _stage_steps(wh, cfg, "prompt-loss")
+    assert "response_loss" not in plain[0]
+    assert weighted[0]["response_loss"] == pytest.approx(plain[0]["loss"], abs=1e-5)
+    assert all(s["loss"] > s["response_loss"] + 0.1 for s in weighted)   # the prompt's NLL, weighted 0.5
+    assert weighted[1]["response_loss"] != pytest.approx(plain[1]["loss"], abs=1e-5)
+
+
 def test_a_stage_with_its_own_process_trains_there_and_reports_back(wh):
     """``launcher: process`` on one stage (the tiny judge's, which runs beside the policy): the
     stage trains in a Python process of its own, whose output is the stage's launcher.log, and

@@ -74,6 +74,9 @@ class SFTStageConfig(StageCommon):
     min_tokens: int = Field(0, ge=0)
     max_tokens: int = Field(8192, ge=8)
     normalization: Literal["token", "sample"] = "token"
+    prompt_loss_weight: float = Field(
+        0.0, ge=0, description="weight of the prompt tokens' next-token loss beside the response's (0: response "
+                               "only); with prefix sharing the shared opening is not scored")
 
 
 class DPOStageConfig(StageCommon):

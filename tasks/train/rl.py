@@ -242,7 +242,7 @@ def _minibatch_step(engine, cfg, tensors: dict, rows: list[int], micro_batches: 
     logp_change, entropy_seen, norm, saved = torch.zeros_like(old), torch.zeros_like(old), None, 0
     for k, micro in enumerate(micro_batches):
         at = torch.tensor([position[r] for r in micro])
-        logp, entropy, aux, tokens_saved = _policy_logprobs(engine.module, tensors, micro, cfg.prefix_shared)
+        logp, entropy, aux, tokens_saved, _ = _policy_logprobs(engine.module, tensors, micro, cfg.prefix_shared)
         saved += tokens_saved
         loss, _ = loss_of(old.index_put((at,), logp))
         if k == len(micro_batches) - 1 and not engine.is_gradient_accumulation_boundary():
