@@ -49,6 +49,24 @@ def plateau_exit(losses: list[float], drop: float = 0.75) -> int | None:
     return None
 
 
+def rebuild_judge_data(home: Path, overrides: dict) -> None:
+    """``judge_data`` built again with the profile's settings plus ``data.*`` overrides (the
+    profile's seed: the examples are the pipeline's, only the training seed varies)."""
+    import polars as pl
+    from transformers import AutoTokenizer
+
+    from tasks.profile import load_profile
+    from tasks.train.config import TrainConfig
+    from tasks.train.data import write_training_tables
+    from warehouse import Warehouse
+
+    wh = Warehouse(home)
+    base = wh.read("models").filter(pl.col("stage") == "judge").row(-1, named=True)["init_model"]
+    cfg = TrainConfig(**_merged(load_profile("tiny").section("train", TrainConfig).model_dump(), overrides))
+    write_training_tables(wh, cfg, AutoTokenizer.from_pretrained(base), tables=["judge_data"])
+    print(f"judge_data rebuilt with {overrides['data']}: {wh.read('judge_data').height} examples")
+
+
 def train_judge(home: Path, seed: int, overrides: dict) -> tuple[str, list[float], float]:
     """(model path, per-step loss, seconds) of the judge stage trained with this seed."""
     import polars as pl
@@ -68,26 +86,75 @@ def train_judge(home: Path, seed: int, overrides: dict) -> tuple[str, list[float
                    data_ref=str(wh.latest("judge_data")), config=cfg.model_dump(), fingerprint=tag)
     t0 = time.time()
     result = execute_stage(job)
-    losses = [r["loss"] for r in StageHarness(job).steps.records()]
+    # the response's own loss (a prompt loss, when set, falls from the first step and would hide the plateau)
+    losses = [r.get("response_loss", r["loss"]) for r in StageHarness(job).steps.records()]
     return result["path"], losses, time.time() - t0
 
 
-def grade_accuracy(home: Path, model_path: str) -> dict[str, float]:
-    """The references flow's judge on the benchmark's grade items, with this model."""
+def grade_items(home: Path, per_task: int | None):
+    """The held-out grade items: the pipeline's own ``judge_benchmark`` (``per_task`` None), or
+    ``per_task`` fresh held-out items per family, built as the references flow builds them (the
+    pipeline's 20 per family leave a standard error near 0.06 on one seed's accuracy)."""
     import polars as pl
 
+    from data_specs import get_spec
+    from tasks.genrm.config import ReferencesConfig
+    from tasks.genrm.validation import synthetic_benchmark_items
+    from tasks.profile import load_profile
+    from warehouse import Warehouse
+
+    wh = Warehouse(home)
+    if per_task is None:
+        return wh.read("judge_benchmark").filter(pl.col("kind") == "grade")
+    v = load_profile("tiny").section("references", ReferencesConfig).validation
+    training_ids = set(wh.read("synthetic_tasks")["id"].cast(pl.Utf8).to_list())
+    items = synthetic_benchmark_items(v.synthetic_tasks, per_task, v.synthetic_levels, v.seed, training_ids,
+                                      v.synthetic_max_draws, ["grade"])
+    spec = get_spec("judge_benchmark")
+    return spec.conform(pl.DataFrame(items, schema=spec.schema))
+
+
+def references_judge(model_path: str):
+    """The references flow's judge (the profile's sampling and consistency), with this model."""
     from tasks.genrm.config import ReferencesConfig
     from tasks.genrm.judge import GenRMJudge
-    from tasks.genrm.validation import judge_accuracy
     from tasks.profile import load_profile
     from tasks.rollout.factory import make_backend
-    from warehouse import Warehouse
 
     cfg = load_profile("tiny").section("references", ReferencesConfig)
     rollout = cfg.judge.rollout.model_copy(update={"model": model_path})
-    judge = GenRMJudge(make_backend(rollout), cfg.judge.model_copy(update={"rollout": rollout}), seed=cfg.seed)
-    bench = Warehouse(home).read("judge_benchmark").filter(pl.col("kind") == "grade")
-    return judge_accuracy(judge, bench, run_id=None).metrics
+    return GenRMJudge(make_backend(rollout), cfg.judge.model_copy(update={"rollout": rollout}), seed=cfg.seed)
+
+
+def grade_accuracy(model_path: str, items) -> dict[str, float]:
+    """The references flow's judge on held-out grade items, with this model."""
+    from tasks.genrm.validation import judge_accuracy
+
+    return judge_accuracy(references_judge(model_path), items, run_id=None).metrics
+
+
+def tournament_parseable(home: Path, model_path: str) -> float:
+    """Share of the judge's samples the parser reads on the pipeline's reference tournaments:
+    every pair of each open prompt's candidates (the stored answer against the policy's samples),
+    both orders, as the Swiss rounds ask them. Open prompts are outside the judge's training
+    data, which is where a judge that learned to continue text instead of answering shows it."""
+    import itertools
+
+    import polars as pl
+
+    from tasks.genrm.judge import PairRequest
+    from warehouse import Warehouse
+
+    wh = Warehouse(home)
+    tournaments = wh.read("tournaments")
+    prompts = {r["id"]: r["prompt"] for table in ("sft_pool", "prompts")
+               for r in wh.read(table).filter(pl.col("id").is_in(tournaments["prompt_id"].unique().to_list()))
+               .select("id", "prompt").iter_rows(named=True)}
+    requests = [PairRequest(prompts[pid], a, b)
+                for (pid,), group in tournaments.group_by("prompt_id", maintain_order=True)
+                for a, b in itertools.combinations(group["text"].to_list(), 2)]
+    samples = [s for d in references_judge(model_path).compare(requests) for s in d.samples]
+    return sum(s.parsed.status == "ok" for s in samples) / max(1, len(samples))
 
 
 def main() -> None:
@@ -96,6 +163,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--train", action="append", default=[], metavar="KEY=VALUE",
                     help="train-section overrides, e.g. judge.steps=1200, judge.lr=0.003, judge.prefix_shared=false")
+    ap.add_argument("--items", type=int, default=None, metavar="N",
+                    help="score on N fresh held-out grade items per family instead of the pipeline's judge_benchmark")
     args = ap.parse_args()
     overrides = rl_overrides(args.train)
     with tempfile.TemporaryDirectory(prefix="bench-judge-") as tmp:
@@ -104,13 +173,19 @@ def main() -> None:
         shutil.copytree(args.home, home, dirs_exist_ok=True, ignore=shutil.ignore_patterns("prefect", "checkpoints"))
         shutil.copytree(args.home / "models", home / "models", dirs_exist_ok=True)
         print(f"judge stage over seeds {args.seeds}, settings {overrides or 'as the profile'}")
+        if "data" in overrides:
+            rebuild_judge_data(home, overrides)
+        items = grade_items(home, args.items)
+        print(f"{items.height} held-out grade items")
         rows = []
         for seed in args.seeds:
             path, losses, seconds = train_judge(home, seed, overrides)
-            m = grade_accuracy(home, path)
+            m = grade_accuracy(path, items)
+            m["tournament_parseable"] = tournament_parseable(home, path)
             rows.append(m)
             print(f"  seed {seed}: grade accuracy {m['grade_accuracy']:.3f} (p {m['grade_p_vs_chance']:.1e}, "
-                  f"unreadable {m['grade_unreadable']:.2f}), left the plateau at step {plateau_exit(losses)}, "
+                  f"unreadable {m['grade_unreadable']:.2f}), tournament verdicts read "
+                  f"{m['tournament_parseable']:.2f}, left the plateau at step {plateau_exit(losses)}, "
                   f"final loss {statistics.mean(losses[-PLATEAU_WINDOW:]):.4f}, {seconds:.0f}s", flush=True)
         accuracies = [m["grade_accuracy"] for m in rows]
         sd = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
