@@ -58,8 +58,11 @@ def test_ds_config_follows_the_profile():
     # a stage's own launcher, for its one rank; the rest keep the engine's
     cfg = TrainConfig(judge={"launcher": "process"})
     assert cfg.engine_for("judge").launcher == "process" and cfg.engine_for("sft_short") == cfg.engine
-    with pytest.raises(ValueError, match="judge.launcher 'process' runs one rank"):
-        TrainConfig(judge={"launcher": "process"}, engine={"num_ranks": 2, "launcher": "torchrun"})
+    # several ranks already run in processes of their own, under the engine's launcher
+    ranks = TrainConfig(judge={"launcher": "process"}, engine={"num_ranks": 2, "launcher": "torchrun"})
+    assert ranks.engine_for("judge") == ranks.engine
+    with pytest.raises(ValueError, match="judge.launcher 'inprocess' runs one rank"):
+        TrainConfig(judge={"launcher": "inprocess"}, engine={"num_ranks": 2, "launcher": "torchrun"})
 
 
 @pytest.mark.parametrize("profile", ["tiny", "gpu", "m1"])

@@ -60,10 +60,11 @@ class StageCommon(_Strict):
     lr: float | None = Field(None, gt=0, description="overrides optimizer.lr for this stage")
     log_every: int = Field(1, ge=1)
     launcher: Literal["inprocess", "process"] | None = Field(
-        None, description="this stage's one rank in this process or in a Python process of its own (default: "
-                          "engine.launcher). A stage the pipeline runs beside others (the judge beside the policy) "
-                          "trains in step with them in its own process, where in this one they share one "
-                          "interpreter lock: small models spend most of a step in Python")
+        None, description="this stage in this process (one rank) or in processes of its own: for one rank a "
+                          "Python process of its own, for several the engine's launcher, which starts each rank "
+                          "in its own (default: engine.launcher). A stage the pipeline runs beside others (the "
+                          "judge beside the policy) trains in step with them in its own process, where in this one "
+                          "they share one interpreter lock: small models spend most of a step in Python")
     prefix_shared: bool = Field(True, description="encode the prompt prefix rows share once per forward (an RL "
                                 "group's prompt, SFT prompts that open with the same instructions): same log-probs and "
                                 "gradients as re-encoding, fewer tokens (re-encodes where a model's cache can't)")
@@ -253,15 +254,18 @@ class _TrainSettings(_Strict):
     def _stage_launchers(self) -> _TrainSettings:
         for name in STAGE_NAMES:
             block = getattr(self, name, None)
-            if block is not None and block.launcher is not None and self.engine.num_ranks > 1:
-                raise ValueError(f"{name}.launcher {block.launcher!r} runs one rank; engine.num_ranks is "
+            if block is not None and block.launcher == "inprocess" and self.engine.num_ranks > 1:
+                raise ValueError(f"{name}.launcher 'inprocess' runs one rank; engine.num_ranks is "
                                  f"{self.engine.num_ranks} (drop it to use engine.launcher)")
         return self
 
     def engine_for(self, name: str) -> EngineConfig:
-        """The engine settings stage ``name`` runs with: ``engine``, its own launcher when it sets one."""
+        """The engine settings stage ``name`` runs with: ``engine``, with the stage's own launcher
+        for one rank (several ranks run in processes of their own under the engine's launcher)."""
         launcher = self.stage(name).launcher
-        return self.engine if launcher is None else self.engine.model_copy(update={"launcher": launcher})
+        if launcher is None or self.engine.num_ranks > 1:
+            return self.engine
+        return self.engine.model_copy(update={"launcher": launcher})
 
     def stage(self, name: str) -> StageCommon:
         train_stage(name)   # a clear error for an unknown name
