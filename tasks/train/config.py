@@ -63,8 +63,8 @@ class StageCommon(_Strict):
         None, description="this stage in this process (one rank) or in processes of its own: for one rank a "
                           "Python process of its own, for several the engine's launcher, which starts each rank "
                           "in its own (default: engine.launcher). A stage the pipeline runs beside others (the "
-                          "judge beside the policy) trains in step with them in its own process, where in this one "
-                          "they share one interpreter lock: small models spend most of a step in Python")
+                          "judge beside the policy) keeps a core to itself in its own process, where in this one "
+                          "their Python between ops contends for one interpreter lock")
     prefix_shared: bool = Field(True, description="encode the prompt prefix rows share once per forward (an RL "
                                 "group's prompt, SFT prompts that open with the same instructions): same log-probs and "
                                 "gradients as re-encoding, fewer tokens (re-encodes where a model's cache can't)")
