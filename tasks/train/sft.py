@@ -1,4 +1,5 @@
-"""Supervised fine-tuning stage (short or long): masked next-token NLL on the response."""
+"""Supervised fine-tuning stage (short or long): masked next-token NLL on the response, plus the
+prompt's, weighted, when the stage sets a prompt loss."""
 from __future__ import annotations
 
 import torch
@@ -33,8 +34,8 @@ def train_sft(h: StageHarness) -> dict:
                                     prefix_shared=cfg.prefix_shared, prompt_lengths=torch.tensor(prompt_lengths))
             saved += out.tokens_saved
             loss = sft_loss(out.logp, mask, cfg.normalization) + out.aux
-            response_losses.append(loss.item())
             if cfg.prompt_loss_weight > 0:
+                response_losses.append(loss.item())
                 loss = loss + cfg.prompt_loss_weight * sft_loss(out.logp, out.scored & ~mask, cfg.normalization)
             step_norm = backward_and_step(engine, loss)
             norm = step_norm if step_norm is not None else norm
@@ -43,7 +44,7 @@ def train_sft(h: StageHarness) -> dict:
         loss_value = sum(micro_losses) / len(micro_losses)
         metrics = {"loss": loss_value, "grad_norm": norm or 0.0, "lr": current_lr(engine), "tokens": tokens,
                    "prefix_shared_tokens_saved": saved}
-        if cfg.prompt_loss_weight > 0:   # the response's own loss, comparable with a run without prompt loss
+        if response_losses:   # the response's own loss, comparable with a run without a prompt loss
             metrics["response_loss"] = sum(response_losses) / len(response_losses)
         h.record(step, metrics,
                  batch_digest=ids_digest([example_ids[i] for i in indices]))
