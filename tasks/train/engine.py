@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -198,3 +199,19 @@ def run_launcher(engine_cfg: EngineConfig, job_path: Path, log_path: Path) -> su
     with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(launcher_command(engine_cfg, job_path), cwd=str(REPO_ROOT), env=subprocess_env(),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_launcher(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop the launcher and every rank it started (they share its process group)."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue

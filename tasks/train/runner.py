@@ -10,7 +10,7 @@ import importlib
 from data_specs.stages import train_stage
 from tasks.train import checkpoint
 from tasks.train.config import EngineConfig
-from tasks.train.engine import run_launcher
+from tasks.train.engine import run_launcher, stop_launcher
 from tasks.train.harness import StageHarness, StageJob
 
 __all__ = ["RECIPES", "StageHarness", "StageJob", "execute_stage", "run_stage_here"]
@@ -47,7 +47,13 @@ def execute_stage(job: StageJob, engine_cfg: EngineConfig | None = None, timeout
     _check_rl_ranks(job, engine_cfg)
     log_path = path / "launcher.log"
     proc = run_launcher(engine_cfg, path / "job.json", log_path)
-    rc = proc.wait(timeout=timeout_s)
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    except BaseException:
+        # interrupted or timed out: the ranks run in a session of their own, so they would outlive
+        # us; stop them (a later run resumes from their last checkpoint)
+        stop_launcher(proc)
+        raise
     if rc != 0 or not checkpoint.is_done(path):
         tail = log_path.read_text(errors="replace")[-4000:] if log_path.exists() else ""
         raise RuntimeError(f"stage {job.stage}: launcher exited with {rc}; log {log_path}:\n{tail}")
