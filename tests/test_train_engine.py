@@ -143,3 +143,31 @@ def test_a_stage_with_its_own_process_trains_there_and_reports_back(wh):
     assert (job.stage_path / "launcher.log").exists() and (job.stage_path / "DONE").exists()
     steps = [json.loads(l) for l in (job.stage_path / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [0, 1, 2] and steps[-1]["loss"] < steps[0]["loss"]
+
+
+def test_stop_launcher_ends_the_launcher_and_the_ranks_it_started(tmp_path):
+    """An interrupted stage leaves no rank behind: ranks run in the launcher's own session, so
+    they would outlive the pipeline that started them."""
+    import os
+    import subprocess
+    import time
+
+    from tasks.train.engine import stop_launcher
+
+    pid_file = tmp_path / "child.pid"
+    proc = subprocess.Popen(["sh", "-c", f"sleep 120 & echo $! > {pid_file}; wait"], start_new_session=True)
+    for _ in range(100):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    stop_launcher(proc, grace_s=5)
+    assert proc.poll() is not None
+    for _ in range(100):   # the orphaned child is reaped by init once killed
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"rank {child} outlived its launcher")

@@ -30,6 +30,7 @@ from model.losses import IGNORE_INDEX
 from tasks.curate.split import POOL_TABLES
 from tasks.rollout.chat import render_with_tokenizer
 from tasks.train.config import TrainConfig
+from tasks.train.judge_data import JUDGE_DOMAIN, OPEN_DOMAINS
 from tasks.verify.registry import verify
 from warehouse import TableRef, Warehouse
 from warehouse.store import frame_digest
@@ -178,10 +179,11 @@ def _cap_per_task(df: pl.DataFrame, cap: int | None) -> pl.DataFrame:
     return df.sort("id").group_by("task", maintain_order=True).head(cap)
 
 
-def side_rows(src: Sources, side: str, cfg: TrainConfig, refs: list[TableRef]) -> dict[str, dict]:
+def side_rows(src: Sources, side: str, cfg: TrainConfig, refs: list[TableRef],
+              capped: bool = True) -> dict[str, dict]:
     """Every row one side may train on, by id: its curated pool, then the synthetic
-    instances assigned to it (at most ``data.synthetic_per_task`` per task). Never raw
-    ``prompts``: curation chose the text that trains."""
+    instances assigned to it (at most ``data.synthetic_per_task`` per task unless not
+    ``capped``). Never raw ``prompts``: curation chose the text that trains."""
     pool_name = POOL_TABLES[side]
     out: dict[str, dict] = {}
     pool, ref = src.read(pool_name)
@@ -189,7 +191,8 @@ def side_rows(src: Sources, side: str, cfg: TrainConfig, refs: list[TableRef]) -
         refs.append(ref)
         for r in pool.iter_rows(named=True):
             out[str(r["id"])] = {**r, "_table": pool_name}
-    for pid, r in synthetic_side(src, side, cfg.data.synthetic_per_task, refs).items():
+    cap = cfg.data.synthetic_per_task if capped else None
+    for pid, r in synthetic_side(src, side, cap, refs).items():
         out.setdefault(pid, r)
     return out
 
@@ -203,7 +206,7 @@ def synthetic_side(src: Sources, side: str, cap: int | None, refs: list[TableRef
         raise ValueError(f"{sref} has no 'split' column (written before synthetic instances had a side): "
                          "re-run `posttrain synthesize`")
     refs.append(sref)
-    mine = _cap_per_task(synth.filter(pl.col("split") == side), cap)
+    mine = _cap_per_task(synth.filter(pl.col("split") == side).sort("id"), cap)
     return {r["id"]: {**r, "_table": "synthetic_tasks"} for r in mine.iter_rows(named=True)}
 
 
@@ -225,10 +228,18 @@ def sft_source_rows(src: Sources, cfg: TrainConfig) -> tuple[list[dict], list[Ta
 def judge_rows(src: Sources, cfg: TrainConfig, refs: list[TableRef]) -> list[dict]:
     """The GenRM judge's examples on SFT-side synthetic instances (every one, not capped like
     the policy's own answer rows)."""
-    from tasks.train.judge_data import judge_sft_rows
+    from tasks.train.judge_data import judge_sft_rows, open_pair_rows
 
-    return judge_sft_rows(synthetic_side(src, "sft", None, refs), cfg.data.judge_examples_per_task, cfg.seed,
+    rows = judge_sft_rows(synthetic_side(src, "sft", None, refs), cfg.data.judge_examples_per_task, cfg.seed,
                           cfg.data.judge_pairwise_share, cfg.data.judge_max_chars)
+    if cfg.data.judge_open_pairs:
+        pool, ref = src.read(POOL_TABLES["sft"])
+        if ref is not None:
+            refs.append(ref)
+            open_rows = [{"id": str(r["id"]), "_table": ref.name, "prompt": r.get("prompt"), "gold": _gold_response(r)}
+                         for r in pool.iter_rows(named=True) if r.get("domain") in OPEN_DOMAINS]
+            rows += open_pair_rows(open_rows, cfg.data.judge_open_pairs, cfg.seed, cfg.data.judge_max_chars)
+    return rows
 
 
 def _cap_per_stage(rows: list[dict], cap: int, report: BuildReport) -> list[dict]:
@@ -272,7 +283,9 @@ def _sft_frame(rows: list[dict], refs: list[TableRef], table: str, cfg: TrainCon
         if stage is None:
             report.drop("outside_length_ranges")
             continue
-        out.append({**r, "example_id": _stable_id(r["source_table"], r["source_id"], r["response"]),
+        # a judge example's prompt is its own (answers in their slots): two pairs on one source differ by it
+        key = (r["prompt"],) if r.get("domain") == JUDGE_DOMAIN else ()
+        out.append({**r, "example_id": _stable_id(r["source_table"], r["source_id"], r["response"], *key),
                     "stage": stage, "num_tokens": len(ids), "response_tokens": len(ids) - n_prompt})
     out = _cap_per_stage(out, cfg.data.max_sft_examples, report)
     report.kept = len(out)
@@ -394,19 +407,27 @@ def build_rl_prompts(src: Sources, cfg: TrainConfig) -> tuple[pl.DataFrame, list
     """The RL side's rows whose latest difficulty decision keeps them (``unscored``: a domain
     with no verifier band, rewarded by the GenRM)."""
     refs: list[TableRef] = []
-    candidates = side_rows(src, "rl", cfg, refs)
+    # every RL-side instance: difficulty samples among all of them, and the per-task cap
+    # applies to those it kept (capping first would drop kept prompts for ones never scored)
+    candidates = side_rows(src, "rl", cfg, refs, capped=False)
     decisions, dref = latest_difficulty_decisions(src)
     if dref is not None:
         refs.append(dref)
     report, rows = BuildReport(seen=len(candidates)), []
+    per_task: dict[str, int] = {}
+    cap = cfg.data.synthetic_per_task
     for pid, row in candidates.items():
         decision = decisions.get(pid)
-        if decision in ("keep", "unscored"):
-            rows.append(_rl_row(row, row["_table"], "difficulty_keep"))
-        elif decision is None and not cfg.data.rl_requires_difficulty:
-            rows.append(_rl_row(row, row["_table"], row["_table"]))
-        else:
+        if decision not in ("keep", "unscored") and not (decision is None and not cfg.data.rl_requires_difficulty):
             report.drop(f"difficulty_{decision or 'missing'}")
+            continue
+        task = row.get("task") if row["_table"] == "synthetic_tasks" else None
+        if task is not None and cap is not None:
+            if per_task.get(task, 0) >= cap:
+                report.drop("over_synthetic_per_task")
+                continue
+            per_task[task] = per_task.get(task, 0) + 1
+        rows.append(_rl_row(row, row["_table"], "difficulty_keep" if decision is not None else row["_table"]))
     if cfg.rl.max_prompts is not None and len(rows) > cfg.rl.max_prompts:
         for _ in rows[cfg.rl.max_prompts:]:
             report.drop("over_max_prompts")
