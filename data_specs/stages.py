@@ -49,9 +49,9 @@ TRAINING_TABLES: dict[str, TrainingTable] = {t.name: t for t in (
                   "verifier-rejected perturbations"),
     TrainingTable("rl_prompts", ("rl_pool", "synthetic_tasks", "difficulty"),
                   "RL-side prompts whose latest difficulty decision is keep"),
-    TrainingTable("judge_data", ("synthetic_tasks",),
+    TrainingTable("judge_data", ("synthetic_tasks", "sft_pool"),
                   "GenRM judge examples: verdicts on the gold or a verifier-rejected answer of SFT-side "
-                  "synthetic instances"),
+                  "synthetic instances, and on open SFT-pool prompts' reference answers against another's"),
 )}
 
 _SHORT, _LONG = {"max_tokens": 8192}, {"min_tokens": 8193, "max_tokens": 131072}

@@ -224,3 +224,50 @@ def test_audit_flow_fails_the_run_and_the_cli_prints_offending_ids(built, monkey
         assert out.exit_code == 1 and "ghost" in out.output and "FAILED" in out.output
     finally:
         wh.write("rl_prompts", rl)
+
+
+def test_the_per_task_cap_applies_to_the_prompts_difficulty_kept(built):
+    """A task's kept prompts past its first ``synthetic_per_task`` ids still train: the cap
+    counts kept prompts (capping first dropped kept prompts for ones difficulty rejected)."""
+    wh, cfg, _, _ = built
+    synth = wh.read("synthetic_tasks").filter(pl.col("split") == "rl").sort("id")
+    task = synth["task"][0]
+    ids = synth.filter(pl.col("task") == task)["id"].to_list()
+    assert len(ids) >= 4
+    # the task's first two ids rejected, the rest kept; a cap of 2 then takes ids[2:4]
+    write_difficulty(wh, {**dict.fromkeys(ids[:2], "unsolved"), **dict.fromkeys(ids[2:], "keep")}, "run-cap")
+    rows, _, report = build_rl_prompts(Sources(wh, "rl_prompts"), train_config(synthetic_per_task=2))
+    mine = rows.filter(pl.col("task") == task)["prompt_id"].to_list()
+    assert mine == ids[2:4]
+    assert report.dropped["over_synthetic_per_task"] >= len(ids) - 4
+    assert report.seen == report.kept + sum(report.dropped.values())
+
+
+def test_judge_open_pairs_come_from_open_sft_pool_prompts_balanced(built):
+    """Open pairs: an SFT-pool open prompt's own reference against another prompt's, both
+    slots, the bare verdict naming the prompt's own answer; distinct pairs on one prompt
+    are distinct examples."""
+    from tasks.genrm.parse import parse_pairwise
+    from tasks.train.data import _sft_frame, judge_rows
+    from tasks.train.judge_data import open_pair_rows
+
+    wh, _, tokenizer, _ = built
+    rows = [{"id": f"p{i}", "_table": "sft_pool", "prompt": f"Request {i}", "gold": f"answer {i}"} for i in range(3)]
+    pairs = open_pair_rows(rows, 12, seed=0)
+    assert len(pairs) == 12 and {p["source_table"] for p in pairs} == {"sft_pool"}
+    labels = [parse_pairwise(p["response"]).value for p in pairs]
+    assert labels.count(-1) == labels.count(1) == 6
+    for p, label in zip(pairs, labels):
+        i = p["source_id"][1:]
+        own_slot = "[Answer 1]" if label == -1 else "[Answer 2]"
+        assert p["prompt"].split(own_slot)[1].lstrip().startswith(f"answer {i}")
+        assert p["prompt"].count(f"answer {i}") == 1 and f"Request {i}" in p["prompt"]
+    assert open_pair_rows(rows[:1], 4, seed=0) == []
+    # every distinct pair is its own judge_data example (one prompt, one verdict, other answers)
+    frame, _, report = _sft_frame(pairs, [], "judge_data", train_config(), tokenizer)
+    assert frame.height == len({(p["prompt"], p["response"]) for p in pairs}) > 3 and not report.dropped
+    # through the builder: pairs only on the pool's open prompts (this pool holds one: no pair)
+    open_ids = set(wh.read("sft_pool").filter(pl.col("domain").is_in(["general", "instruction"]))["id"])
+    built_rows = [r for r in judge_rows(Sources(wh, "judge_data"), train_config(judge_open_pairs=6), [])
+                  if r["source_table"] == "sft_pool"]
+    assert len(built_rows) == (6 if len(open_ids) > 1 else 0) and {r["source_id"] for r in built_rows} <= open_ids

@@ -236,6 +236,12 @@ class DataConfig(_Strict):
         False, description="also add the judge examples to sft_data: the policy is then its own judge (`model: policy`)")
     judge_pairwise_share: float = Field(
         0.2, ge=0.0, le=1.0, description="share of the judge examples that are pairwise (the rest are grade)")
+    judge_open_pairs: int = Field(
+        0, ge=0, description="pairwise judge examples on the SFT pool's open prompts (general / instruction): the "
+                             "prompt's own reference answer against the reference answer of another open prompt, in "
+                             "either order, with a bare verdict (an open answer is too long to restate before it). "
+                             "They teach the verdict format on requests no verifier checks, where the reference "
+                             "tournaments and the RL GenRM ask for it")
     judge_max_chars: int = Field(
         JudgeConfig.model_fields["max_response_chars"].default, ge=100, description="text cut in the judge examples' prompts; match the judge's max_response_chars")
 

@@ -13,6 +13,14 @@ From SFT-side synthetic instances (``tasks.genrm.synthetic``), in the judge's ow
   comparison format the references flow and the RL GenRM read; judging which of two
   answers is right needs solving the task, so their accuracy follows the policy's.
 
+- **open pairwise** examples (``open_pair_rows``): an open SFT-pool prompt (general /
+  instruction, no verifier) with its own reference answer against another open prompt's,
+  in either order, the response the bare verdict. An answer to a different request is
+  worse by construction, so the label needs no verifier; these teach the verdict format on
+  the requests the reference tournaments and the RL GenRM judge, which synthetic
+  instances never look like (a judge trained on those alone writes a "solved answer" to an
+  open request and loses its verdict in it).
+
 About ``pairwise_share`` of a task's ``per_task`` examples are pairwise, the rest grade (an
 even number); grade and pairwise examples come from different instances.
 
@@ -26,9 +34,11 @@ import random
 from collections.abc import Callable, Iterator
 
 from tasks.genrm.config import JudgeConfig
-from tasks.genrm.synthetic import grade_text, judge_grades, judge_pair, judge_response
+from tasks.genrm.prompts import pairwise_prompt
+from tasks.genrm.synthetic import grade_text, judge_grades, judge_pair, judge_response, verdict_text
 
 JUDGE_DOMAIN = "judge"
+OPEN_DOMAINS = ("general", "instruction")   # requests no verifier checks: the GenRM judges them
 # candidates and question are shown whole: tiny prompts are far below the default cut
 DEFAULT_MAX_CHARS = JudgeConfig().max_response_chars
 
@@ -108,4 +118,30 @@ def judge_sft_rows(rows: dict[str, dict], per_task: int, seed: int, pairwise_sha
         examples = _grade_examples(task, pending, n_grade, rng, max_chars)
         examples += _pairwise_examples(task, pending, per_task - n_grade, rng, max_chars)
         out += [{"source_table": "synthetic_tasks", "domain": JUDGE_DOMAIN, **ex} for ex in examples]
+    return out
+
+
+def open_pair_rows(open_rows: list[dict], wanted: int, seed: int, max_chars: int = DEFAULT_MAX_CHARS) -> list[dict]:
+    """``wanted`` pairwise examples from open prompts (``{"id", "prompt", "gold"}`` rows): each
+    prompt's gold against another prompt's gold, the gold's slot alternating, prompts in a seeded
+    round-robin so every prompt is used about equally. None with fewer than two prompts."""
+    rows = sorted((r for r in open_rows if r.get("gold") and r.get("prompt")), key=lambda r: r["id"])
+    if wanted <= 0 or len(rows) < 2:
+        return []
+    rng = random.Random(f"judge-open:{seed}")
+    out: list[dict] = []
+    while len(out) < wanted:
+        order = rows[:]
+        rng.shuffle(order)
+        for r in order[:wanted - len(out)]:
+            other = rng.choice([o for o in rows if o["id"] != r["id"] and o["gold"] != r["gold"]] or [None])
+            if other is None:
+                continue
+            gold_second = len(out) % 2 == 1
+            first, second = (other["gold"], r["gold"]) if gold_second else (r["gold"], other["gold"])
+            out.append({"source_table": r["_table"], "source_id": r["id"], "domain": JUDGE_DOMAIN,
+                        "prompt": pairwise_prompt(r["prompt"], first, second, max_chars),
+                        "response": verdict_text(1 if gold_second else -1)})
+        if not out:
+            break
     return out
