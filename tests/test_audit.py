@@ -226,10 +226,15 @@ def test_audit_flow_fails_the_run_and_the_cli_prints_offending_ids(built, monkey
         wh.write("rl_prompts", rl)
 
 
-def test_the_per_task_cap_applies_to_the_prompts_difficulty_kept(built):
+def test_the_per_task_cap_applies_to_the_prompts_difficulty_kept(built, tmp_path):
     """A task's kept prompts past its first ``synthetic_per_task`` ids still train: the cap
     counts kept prompts (capping first dropped kept prompts for ones difficulty rejected)."""
-    wh, cfg, _, _ = built
+    import shutil
+
+    from warehouse import Warehouse
+
+    shared, *_ = built
+    wh = Warehouse(shutil.copytree(shared.home, tmp_path / "home"))   # its own difficulty run, on a copy
     synth = wh.read("synthetic_tasks").filter(pl.col("split") == "rl").sort("id")
     task = synth["task"][0]
     ids = synth.filter(pl.col("task") == task)["id"].to_list()
