@@ -125,9 +125,10 @@ JUDGE_DOMAIN = "judge"
 
 def _same_prompt(row: dict, prompt: str, home: SideRow) -> bool:
     """The training prompt (``prompt``, normalized) is the curated one; a GenRM judge example
-    quotes it inside its judge prompt (tasks.train.judge_data), so it must contain it instead."""
+    quotes it inside its judge prompt (tasks.train.judge_data: a synthetic instance's, or an open
+    SFT-pool prompt's for the open pairs), so it must contain it instead."""
     if row.get("domain") == JUDGE_DOMAIN:
-        return home.table == "synthetic_tasks" and home.prompt in prompt
+        return home.prompt in prompt
     return prompt == home.prompt
 
 

@@ -35,7 +35,11 @@ PROMPTS = (
     + [{"prompt": MC, "answer": "B", "domain": "math"},
        {"prompt": "How many positive divisors does the number 3600 have?", "answer": "45", "domain": "math"},
        {"prompt": "Write a short poem about the sea and its colours.", "solution": "Waves of blue.",
-        "domain": "general"}]
+        "domain": "general"},
+       {"prompt": "Describe a quiet morning in a small harbour town.", "answer": "Gulls and grey water.",
+        "domain": "general"},
+       {"prompt": "Write a friendly note thanking a neighbour for watering the plants.",
+        "answer": "Thank you, the plants look happier than ever.", "domain": "general"}]
 )
 BENCH = {"item_id": "b1", "prompt": "How many positive divisors does the number 3600 have?", "answer": "45",
          "domain": "math"}
@@ -43,7 +47,7 @@ BENCH = {"item_id": "b1", "prompt": "How many positive divisors does the number 
 
 def train_config(**data) -> TrainConfig:
     return TrainConfig(base_model={"kind": "hybrid", "name": "audit-base", "tokenizer_texts": 300},
-                       data={"synthetic_per_task": 20, "judge_examples_per_task": 4, **data},
+                       data={"synthetic_per_task": 20, "judge_examples_per_task": 4, "judge_open_pairs": 4, **data},
                        sft_short={"max_tokens": 400}, sft_long={"min_tokens": 401, "max_tokens": 2048},
                        dpo_short={"max_tokens": 400}, dpo_long={"min_tokens": 401, "max_tokens": 2048},
                        judge={"max_tokens": 2048})
@@ -149,6 +153,8 @@ def test_audit_passes_on_what_the_builders_wrote(built):
     assert set(names) == {"sft_side", "dpo_side", "rl_side", "judge_side", "no_prompt_on_both_sides",
                           "no_cluster_on_both_sides", "no_benchmark_item", "rl_latest_difficulty_keep"}
     assert all(v > 0 for v in names.values()), names
+    # the judge's open pairs (an SFT-pool prompt quoted in its judge prompt) are among the rows checked
+    assert (wh.read("judge_data")["source_table"] == "sft_pool").sum() > 0
 
 
 def _planted(wh, name: str, frame: pl.DataFrame):
@@ -271,8 +277,8 @@ def test_judge_open_pairs_come_from_open_sft_pool_prompts_balanced(built):
     # every distinct pair is its own judge_data example (one prompt, one verdict, other answers)
     frame, _, report = _sft_frame(pairs, [], "judge_data", train_config(), tokenizer)
     assert frame.height == len({(p["prompt"], p["response"]) for p in pairs}) > 3 and not report.dropped
-    # through the builder: pairs only on the pool's open prompts (this pool holds one: no pair)
+    # through the builder: pairs only on the pool's open prompts
     open_ids = set(wh.read("sft_pool").filter(pl.col("domain").is_in(["general", "instruction"]))["id"])
     built_rows = [r for r in judge_rows(Sources(wh, "judge_data"), train_config(judge_open_pairs=6), [])
                   if r["source_table"] == "sft_pool"]
-    assert len(built_rows) == (6 if len(open_ids) > 1 else 0) and {r["source_id"] for r in built_rows} <= open_ids
+    assert len(open_ids) > 1 and len(built_rows) == 6 and {r["source_id"] for r in built_rows} <= open_ids

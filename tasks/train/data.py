@@ -174,9 +174,11 @@ def _gold_response(row: dict) -> str | None:
 
 
 def _cap_per_task(df: pl.DataFrame, cap: int | None) -> pl.DataFrame:
-    if cap is None or df.is_empty() or "task" not in df.columns:
+    """At most ``cap`` rows per task (None: all), by id, grouped by task in the order of each
+    task's smallest id."""
+    if df.is_empty() or "task" not in df.columns:
         return df
-    return df.sort("id").group_by("task", maintain_order=True).head(cap)
+    return df.sort("id").group_by("task", maintain_order=True).head(cap if cap is not None else df.height)
 
 
 def side_rows(src: Sources, side: str, cfg: TrainConfig, refs: list[TableRef],
@@ -206,7 +208,7 @@ def synthetic_side(src: Sources, side: str, cap: int | None, refs: list[TableRef
         raise ValueError(f"{sref} has no 'split' column (written before synthetic instances had a side): "
                          "re-run `posttrain synthesize`")
     refs.append(sref)
-    mine = _cap_per_task(synth.filter(pl.col("split") == side).sort("id"), cap)
+    mine = _cap_per_task(synth.filter(pl.col("split") == side), cap)
     return {r["id"]: {**r, "_table": "synthetic_tasks"} for r in mine.iter_rows(named=True)}
 
 
