@@ -39,7 +39,7 @@ run: $(STAMP)
 	$(BIN)/posttrain run --profile tiny
 
 # two workers, whole files each (module fixtures run once), in collection order: the default-run test's pipeline
-# (slow-marked, collected first) leaves a core idle most of its ~14 minutes, the other worker
+# (slow-marked, collected first) leaves a core idle most of its ~18 minutes, the other worker
 # takes the rest of the suite meanwhile. TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP)
