@@ -22,6 +22,7 @@ import polars as pl
 from tasks.curate.normalize import normalize_texts, text_hash
 from tasks.curate.split import POOL_TABLES
 from tasks.difficulty import latest_decisions
+from tasks.train.judge_data import JUDGE_DOMAIN
 from warehouse import Warehouse
 
 MAX_LISTED = 20
@@ -118,9 +119,6 @@ def _side_index(pools: dict[str, pl.DataFrame], synthetic: pl.DataFrame) -> dict
         if side in index:
             index[side][str(r["id"])] = SideRow("synthetic_tasks", prompt, f"synth:{r['cluster_id']}")
     return index
-
-
-JUDGE_DOMAIN = "judge"
 
 
 def _same_prompt(row: dict, prompt: str, home: SideRow) -> bool:

@@ -86,12 +86,15 @@ def _default_sources() -> list[CandidateSource]:
                                               repetition_window=None)),
     ]
 
+# requests no verifier checks (M1: general / instruction): the GenRM judges them
+OPEN_DOMAINS = ("general", "instruction")
+
 
 class PromptSelection(BaseModel):
     model_config = ConfigDict(extra="forbid")
     tables: list[str] = Field(default_factory=lambda: ["sft_pool", "prompts"],
                               description="first existing table with matching rows is used")
-    domains: list[str] = Field(default_factory=lambda: ["general", "instruction"])
+    domains: list[str] = Field(default_factory=lambda: list(OPEN_DOMAINS))
     max_prompts: int | None = Field(None, ge=1)
 
 

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from data_specs.stages import STAGE_NAMES, TRAIN_STAGES, TrainStage, stages_reading, train_stage
-from tasks.genrm.config import JudgeConfig, LengthBiasConfig
+from tasks.genrm.config import OPEN_DOMAINS, JudgeConfig, LengthBiasConfig
 
 STAGE_ORDER = STAGE_NAMES
 StageName = Literal[STAGE_NAMES]  # type: ignore[valid-type]  # the registry's names
@@ -120,7 +120,7 @@ class CurriculumPhase(_Strict):
 class GenRMRewardConfig(_Strict):
     """The generative reward for prompts rules cannot check (M1: general / instruction)."""
     enabled: bool = True
-    domains: list[str] = Field(default_factory=lambda: ["general", "instruction"],
+    domains: list[str] = Field(default_factory=lambda: list(OPEN_DOMAINS),
                                description="prompt domains rewarded by the GenRM instead of a verifier")
     # M1: pairwise against the reference, both orders, k blind samples (tasks.genrm defaults)
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="judge model, sampling and consistency")

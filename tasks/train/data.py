@@ -28,9 +28,10 @@ from data_specs import get_spec
 from data_specs.stages import TRAINING_TABLES, stages_reading
 from model.losses import IGNORE_INDEX
 from tasks.curate.split import POOL_TABLES
+from tasks.genrm.config import OPEN_DOMAINS
 from tasks.rollout.chat import render_with_tokenizer
 from tasks.train.config import TrainConfig
-from tasks.train.judge_data import JUDGE_DOMAIN, OPEN_DOMAINS
+from tasks.train.judge_data import JUDGE_DOMAIN
 from tasks.verify.registry import verify
 from warehouse import TableRef, Warehouse
 from warehouse.store import frame_digest
@@ -420,15 +421,17 @@ def build_rl_prompts(src: Sources, cfg: TrainConfig) -> tuple[pl.DataFrame, list
     cap = cfg.data.synthetic_per_task
     for pid, row in candidates.items():
         decision = decisions.get(pid)
-        if decision not in ("keep", "unscored") and not (decision is None and not cfg.data.rl_requires_difficulty):
+        undecided_ok = decision is None and not cfg.data.rl_requires_difficulty
+        if decision not in ("keep", "unscored") and not undecided_ok:
             report.drop(f"difficulty_{decision or 'missing'}")
             continue
         task = row.get("task") if row["_table"] == "synthetic_tasks" else None
         if task is not None and cap is not None:
-            if per_task.get(task, 0) >= cap:
+            taken = per_task.get(task, 0)
+            if taken >= cap:
                 report.drop("over_synthetic_per_task")
                 continue
-            per_task[task] = per_task.get(task, 0) + 1
+            per_task[task] = taken + 1
         rows.append(_rl_row(row, row["_table"], "difficulty_keep" if decision is not None else row["_table"]))
     if cfg.rl.max_prompts is not None and len(rows) > cfg.rl.max_prompts:
         for _ in rows[cfg.rl.max_prompts:]:

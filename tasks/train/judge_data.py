@@ -38,7 +38,6 @@ from tasks.genrm.prompts import pairwise_prompt
 from tasks.genrm.synthetic import grade_text, judge_grades, judge_pair, judge_response, verdict_text
 
 JUDGE_DOMAIN = "judge"
-OPEN_DOMAINS = ("general", "instruction")   # requests no verifier checks: the GenRM judges them
 # candidates and question are shown whole: tiny prompts are far below the default cut
 DEFAULT_MAX_CHARS = JudgeConfig().max_response_chars
 
