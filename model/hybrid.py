@@ -407,11 +407,21 @@ class FusedLogprobHead(nn.Linear):
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor | None = None,
                 ignore_index: int = IGNORE_INDEX):
         """FP32 logits [..., V] without labels; with labels of shape hidden.shape[:-1],
-        (FP32 log p(label), entropy of the next-token distribution), label ``ignore_index``
-        scoring 0."""
+        (FP32 log p(label), entropy of the next-token distribution) at the scored positions,
+        0 for both where the label is ``ignore_index``.
+
+        Only the scored positions go through the vocabulary: an SFT row scores its response,
+        a few tokens after a prompt of hundreds, and the head's two passes over the vocabulary
+        were a fifth of a tiny judge's training step when every position went through them.
+        """
         if labels is None:
             return F.linear(hidden.float(), self.weight.float())
-        return head_logprobs(hidden, self.weight, labels, ignore_index)
+        scored = labels != ignore_index
+        if bool(scored.all()) or not bool(scored.any()):
+            return head_logprobs(hidden, self.weight, labels, ignore_index)
+        logp, entropy = head_logprobs(hidden[scored], self.weight, labels[scored], ignore_index)
+        zeros = logp.new_zeros(labels.shape)
+        return zeros.masked_scatter(scored, logp), zeros.masked_scatter(scored, entropy)
 
 
 # --------------------------------------------------------------------------- models
@@ -419,7 +429,8 @@ class FusedLogprobHead(nn.Linear):
 
 @dataclass
 class HybridCausalLMOutput(MoeCausalLMOutputWithPast):
-    """With labels: ``token_logprobs`` and ``entropy`` of every next token, [B, T-1] FP32."""
+    """With labels: ``token_logprobs`` and ``entropy`` of every next token, [B, T-1] FP32 (both 0
+    where the label is ignored)."""
 
     token_logprobs: torch.FloatTensor | None = None
     entropy: torch.FloatTensor | None = None
@@ -568,7 +579,7 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
 
         ``logp[:, t] = log p(labels[:, t+1] | input_ids[:, :t+1])``; labels default to
         input_ids, positions with label -100 or attention_mask 0 get log-prob 0. Entropy is
-        of the full next-token distribution at each position. Differentiable (fused kernel
+        of the full next-token distribution at each scored position (0 elsewhere). Differentiable (fused kernel
         backward). With ``with_aux`` the MoE balance loss is returned third.
 
         Runs as a call of this module (not of its parts) so that DeepSpeed's hooks on the

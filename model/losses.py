@@ -41,7 +41,8 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> tuple[to
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                    labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(log-prob, entropy, auxiliary loss) of every next token, [B, T-1] each.
+    """(log-prob, entropy, auxiliary loss) of every next token, [B, T-1] each (the entropy is
+    meant for the scored positions: the fused head gives 0 where the label is ignored).
 
     ``logp[:, t]`` scores ``labels[:, t+1]`` (labels default to input_ids; -100 is ignored).
     Models that expose ``fused_token_logprobs`` (the in-house hybrid), and transformers models

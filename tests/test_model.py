@@ -170,3 +170,34 @@ def test_fp32_head_beats_bf16_on_rare_tokens():
     print(f"rare-token |log-prob error| vs float64: fp32 {fp32_err:.2e}, bf16 {bf16_err:.2e}")
     assert fp32_err < 1e-3 < bf16_err
     assert fp32_err * 100 < bf16_err
+
+
+def test_head_scores_only_labelled_positions_with_the_full_heads_values_and_gradients():
+    """An SFT row scores its response only: the head goes through the vocabulary at those
+    positions alone, with the log-probs, entropies and gradients of scoring every position
+    (0 log-prob and entropy where the label is ignored)."""
+    from model.config import IGNORE_INDEX
+    from model.hybrid import FusedLogprobHead
+
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 20, 32, generator=gen)
+    labels = torch.randint(0, 300, (3, 20), generator=gen)
+    labels[:, :14] = IGNORE_INDEX          # a prompt, then the scored response
+    labels[2, 17:] = IGNORE_INDEX          # a shorter row's padding
+    head = FusedLogprobHead(32, 300)
+    torch.nn.init.normal_(head.weight, std=0.2, generator=gen)
+    h_part = hidden.clone().requires_grad_()
+    logp, entropy = head(h_part, labels)
+    h_full = hidden.clone().requires_grad_()
+    w_full = head.weight.detach().clone().requires_grad_()
+    full_logp, full_entropy = head_logprobs(h_full, w_full, labels)   # every position through the vocabulary
+    scored = labels != IGNORE_INDEX
+    torch.testing.assert_close(logp[scored], full_logp[scored], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(entropy[scored], full_entropy[scored], rtol=1e-6, atol=1e-6)
+    assert (logp[~scored] == 0).all() and (entropy[~scored] == 0).all()
+    assert (full_entropy[~scored] > 0).all()                            # the full head computed them
+    (logp.sum() + (entropy * scored).sum()).backward()
+    (full_logp.sum() + (full_entropy * scored).sum()).backward()
+    torch.testing.assert_close(h_part.grad, h_full.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(head.weight.grad, w_full.grad, rtol=1e-5, atol=1e-6)
+    assert (h_part.grad[~scored] == 0).all()
