@@ -71,11 +71,11 @@ def main() -> None:
     def step(batch, shared: bool) -> tuple[float, int]:
         inputs = (model, batch["input_ids"], batch["attention_mask"], batch["labels"])
         t0 = time.perf_counter()
-        logp, _, aux, saved = response_logprobs(*inputs, pad_id=pad, prefix_shared=shared)   # the stage's call
-        loss = sft_loss(logp, batch["labels"][:, 1:] != IGNORE_INDEX, "token") + aux
+        out = response_logprobs(*inputs, pad_id=pad, prefix_shared=shared)   # the stage's call
+        loss = sft_loss(out.logp, batch["labels"][:, 1:] != IGNORE_INDEX, "token") + out.aux
         loss.backward()
         model.zero_grad(set_to_none=True)
-        return time.perf_counter() - t0, saved
+        return time.perf_counter() - t0, out.tokens_saved
 
     with torch.no_grad():
         b = batches[0]
