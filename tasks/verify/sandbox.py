@@ -23,6 +23,7 @@ LAUNCHER = Path(__file__).with_name("_sandbox_launcher.py")
 # Private uids start here; each run uses base + launcher pid, unique among live runs.
 SANDBOX_UID_BASE = 1_000_000
 OUTPUT_TAIL_CHARS = 4000
+KILL_DEADLINE_S = 10.0   # how long the uid's processes are killed again while some are alive
 
 
 @dataclass(frozen=True)
@@ -132,19 +133,39 @@ def _kill_everything(proc: subprocess.Popen, uid: int) -> None:
         pass
     if os.geteuid() == 0:
         # Processes of the run's private uid can only be ones this run started; a process
-        # running as that uid may signal exactly those, so kill(-1) from it is precise.
-        subprocess.run(
-            [sys.executable, "-I", "-S", "-c",
-             (f"import os\nos.setgid({uid})\nos.setuid({uid})\n"
-             "try:\n    os.kill(-1, 9)\nexcept ProcessLookupError:\n    pass\n")],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            timeout=30, check=False,
-        )
+        # running as that uid may signal exactly those, so kill(-1) from it is precise. One
+        # pass can miss a fork bomb's child forked while it ran (seen on a loaded machine):
+        # it repeats until none of the uid's processes is alive (zombies are dead).
+        deadline = time.monotonic() + KILL_DEADLINE_S
+        while True:
+            subprocess.run(
+                [sys.executable, "-I", "-S", "-c",
+                 (f"import os\nos.setgid({uid})\nos.setuid({uid})\n"
+                 "try:\n    os.kill(-1, 9)\nexcept ProcessLookupError:\n    pass\n")],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                timeout=30, check=False,
+            )
+            if not _alive(uid) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def _alive(uid: int) -> bool:
+    """Whether a process of ``uid`` is alive (running, sleeping or stopped; not a zombie)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid == uid and "State:\tZ" not in (entry / "status").read_text():
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return False
 
 
 def _tail(path: Path) -> str:
