@@ -159,7 +159,8 @@ def _two_rank_profile(tmp_path) -> str:
     train["base_model"]["tokenizer_texts"] = 200
     train["data"]["rl_requires_difficulty"] = False        # this home has no difficulty run
     train["engine"].update({"num_ranks": 2, "launcher": "torchrun", "micro_batch_size": 4})
-    train["rl"].update({"steps": 3, "checkpoint_every": 2, "prompts_per_step": 4, "group_size": 4,
+    # every step's metrics in MLflow (the test reads each step's staleness and engine syncs)
+    train["rl"].update({"steps": 3, "checkpoint_every": 2, "log_every": 1, "prompts_per_step": 4, "group_size": 4,
                         "dynamic_sampling": False, "max_sampling_rounds": 1,
                         "windows": [{"max_tokens": 4, "eps_high": 0.2, "gradient_clipping": 1.0}],
                         "curriculum": [{"start_step": 0, "domains": {"logic": 1.0}}],
