@@ -26,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -84,18 +85,16 @@ def main() -> None:
 def compare(model_path: str, data, max_tokens: int, shared: bool, micro: int, batches: int) -> str:
     """One table: the stage's step on the same micro-batches, each head; the line to print."""
     import torch
+    from prefix_shared_sft import alternating_tokens_per_second, sft_micro_batches
 
     from model.loading import load_causal_lm
     from model.losses import IGNORE_INDEX, response_logprobs, sft_loss
-    from tasks.train.data import encode_example, pad_batch, pad_id_of
+    from tasks.train.data import pad_id_of
 
     model, tokenizer = load_causal_lm(model_path)
     model.train()
     pad = pad_id_of(tokenizer)
-    sample = data.sample(n=min(micro * (batches + 1), data.height), seed=0, shuffle=True)
-    encoded = [encode_example(tokenizer, p, r) for p, r in zip(sample["prompt"], sample["response"])]
-    padded = [pad_batch([e[0] for e in encoded[s:s + micro]], [e[1] for e in encoded[s:s + micro]], pad, max_tokens)
-              for s in range(0, len(encoded) - micro + 1, micro)]
+    padded = sft_micro_batches(data, tokenizer, micro, batches, max_tokens)
 
     def step(batch, every: bool) -> tuple[float, torch.Tensor]:
         mask = batch["labels"][:, 1:] != IGNORE_INDEX
@@ -109,18 +108,14 @@ def compare(model_path: str, data, max_tokens: int, shared: bool, micro: int, ba
         return seconds, out.logp.detach()[mask]
 
     diff = (step(padded[0], True)[1] - step(padded[0], False)[1]).abs().max()
-    times: dict[bool, list[float]] = {True: [], False: []}
-    scored = total = 0
-    for i, batch in enumerate(padded[1:]):
-        real = int(batch["attention_mask"].sum())
-        total += real
-        scored += int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
-        for every in ((True, False) if i % 2 == 0 else (False, True)):
-            times[every].append(real / step(batch, every)[0])
+    times = alternating_tokens_per_second(padded, lambda batch, every: step(batch, every)[0])
+    total = sum(int(b["attention_mask"].sum()) for b in padded[1:])
+    scored = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in padded[1:])
     mine, peer = statistics.median(times[False]), statistics.median(times[True])
     return (f"{len(padded) - 1} micro-batches of {micro}, {scored / total:.1%} of {total:,} tokens scored; "
             f"head over every position {peer:,.0f} tokens/s, scored positions only {mine:,.0f} tokens/s: "
             f"speed-up {mine / peer:.2f}x; max |dlogp| {float(diff):.1e}")
+
 
 if __name__ == "__main__":
     main()

@@ -29,6 +29,29 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def sft_micro_batches(data, tokenizer, micro: int, batches: int, max_tokens: int) -> list[dict]:
+    """``batches`` + 1 micro-batches of ``micro`` rows sampled (seeded) from ``data``'s prompt and
+    response columns, padded as an SFT stage pads them (the first is for warm-up and checks)."""
+    from tasks.train.data import encode_example, pad_batch, pad_id_of
+
+    pad = pad_id_of(tokenizer)
+    sample = data.sample(n=min(micro * (batches + 1), data.height), seed=0, shuffle=True)
+    encoded = [encode_example(tokenizer, p, r) for p, r in zip(sample["prompt"], sample["response"])]
+    return [pad_batch([e[0] for e in encoded[s:s + micro]], [e[1] for e in encoded[s:s + micro]], pad, max_tokens)
+            for s in range(0, len(encoded) - micro + 1, micro)]
+
+
+def alternating_tokens_per_second(batches: list[dict], run, sides=(True, False)) -> dict:
+    """Each side's tokens/s on every batch but the first (``run(batch, side)`` returns seconds), the
+    sides' order alternating batch by batch, so load on the machine hits both alike."""
+    rates: dict = {side: [] for side in sides}
+    for i, batch in enumerate(batches[1:]):
+        real = int(batch["attention_mask"].sum())
+        for side in (sides if i % 2 == 0 else sides[::-1]):
+            rates[side].append(real / run(batch, side))
+    return rates
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--home", type=Path, required=True, help="a finished pipeline home (read only)")
@@ -48,7 +71,7 @@ def main() -> None:
         sft_loss,
         token_logprobs,
     )
-    from tasks.train.data import encode_example, pad_batch, pad_id_of
+    from tasks.train.data import pad_id_of
     from warehouse import Warehouse
 
     torch.set_num_threads(1)
@@ -62,11 +85,7 @@ def main() -> None:
     model, tokenizer = load_causal_lm(judge["path"][-1])
     model.train()
     pad = pad_id_of(tokenizer)
-    rows = args.micro * (args.batches + 1)
-    sample = data.sample(n=min(rows, data.height), seed=0, shuffle=True)
-    encoded = [encode_example(tokenizer, p, r) for p, r in zip(sample["prompt"], sample["response"])]
-    batches = [pad_batch([e[0] for e in encoded[s:s + args.micro]], [e[1] for e in encoded[s:s + args.micro]],
-                         pad, args.max_tokens) for s in range(0, len(encoded) - args.micro + 1, args.micro)]
+    batches = sft_micro_batches(data, tokenizer, args.micro, args.batches, args.max_tokens)
 
     def step(batch, shared: bool) -> tuple[float, int]:
         inputs = (model, batch["input_ids"], batch["attention_mask"], batch["labels"])
@@ -86,15 +105,16 @@ def main() -> None:
           f"max |dlogp| shared vs re-encoded {float(diff):.2e}")
     step(batches[0], True)
     step(batches[0], False)
-    times = {True: [], False: []}
-    tokens, saved_total = 0, 0
-    for i, batch in enumerate(batches[1:]):
-        real = int(batch["attention_mask"].sum())
-        tokens += real
-        for shared in ((True, False) if i % 2 == 0 else (False, True)):
-            seconds, saved = step(batch, shared)
-            times[shared].append(real / seconds)
-            saved_total += saved
+    saved_total = 0
+
+    def timed(batch, shared: bool) -> float:
+        nonlocal saved_total
+        seconds, saved = step(batch, shared)
+        saved_total += saved
+        return seconds
+
+    times = alternating_tokens_per_second(batches, timed)
+    tokens = sum(int(b["attention_mask"].sum()) for b in batches[1:])
     shared_tps, plain_tps = statistics.median(times[True]), statistics.median(times[False])
     print(f"re-encoding {plain_tps:,.0f} tokens/s, prefix-shared {shared_tps:,.0f} tokens/s "
           f"(forward+backward, median of {len(times[True])}); forwarded {1 - saved_total / tokens:.0%} of "
