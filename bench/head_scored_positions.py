@@ -34,16 +34,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 @contextmanager
 def head_over_every_position():
     """The peer: the head through the vocabulary at every position, as before the change."""
-    import torch.nn.functional as F
-
     from kernels import head_logprobs
     from model.hybrid import FusedLogprobHead
 
     scored_only = FusedLogprobHead.forward
 
     def every_position(self, hidden, labels=None, ignore_index=-100):
-        if labels is None:
-            return F.linear(hidden.float(), self.weight.float())
+        if labels is None:   # logits: the head's own path, unchanged
+            return scored_only(self, hidden)
         return head_logprobs(hidden, self.weight, labels, ignore_index)
 
     FusedLogprobHead.forward = every_position
