@@ -35,15 +35,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from learning_curve import _merged, rl_overrides
 
 PLATEAU_WINDOW = 50
+PLATEAU_END = 400
 
 
 def plateau_exit(losses: list[float], drop: float = 0.75) -> int | None:
-    """First step whose trailing mean loss is below ``drop`` x the plateau's (steps 100-200):
-    the jump from guessing the grade to reading it."""
-    if len(losses) < 200 + PLATEAU_WINDOW:
+    """First step whose trailing mean loss is below ``drop`` x the plateau's: the jump from
+    guessing the grade to reading it. The plateau is the lowest trailing mean of steps 100-400
+    (the loss settles onto it at a pace that follows the lr; its first 100 steps learn the format)."""
+    if len(losses) < PLATEAU_END + PLATEAU_WINDOW:
         return None
-    plateau = statistics.mean(losses[100:200])
-    for end in range(200 + PLATEAU_WINDOW, len(losses) + 1):
+    plateau = min(statistics.mean(losses[end - PLATEAU_WINDOW:end]) for end in range(100 + PLATEAU_WINDOW, PLATEAU_END + 1))
+    for end in range(PLATEAU_END + PLATEAU_WINDOW, len(losses) + 1):
         if statistics.mean(losses[end - PLATEAU_WINDOW:end]) < drop * plateau:
             return end
     return None
@@ -67,8 +69,32 @@ def rebuild_judge_data(home: Path, overrides: dict) -> None:
     print(f"judge_data rebuilt with {overrides['data']}: {wh.read('judge_data').height} examples")
 
 
-def train_judge(home: Path, seed: int, overrides: dict) -> tuple[str, list[float], float]:
-    """(model path, per-step loss, seconds) of the judge stage trained with this seed."""
+def reshaped_base(home: Path, overrides: dict) -> str:
+    """A base model of the profile's ``model.yaml`` plus ``overrides`` (``hybrid.*`` sizes), built
+    with the pipeline's tokenizer and seed under the copied home: the judge stage started from
+    another shape than the policy's."""
+    import polars as pl
+    from transformers import AutoTokenizer
+
+    from model import ModelSection, build_tiny_model
+    from tasks.profile import load_profile
+    from warehouse import Warehouse
+
+    wh = Warehouse(home)
+    base = wh.read("models").filter(pl.col("stage") == "judge").row(-1, named=True)["init_model"]
+    profile = load_profile("tiny")
+    section = ModelSection(**_merged(profile.raw("model"), overrides))
+    out = home / "models" / "bench-judge-base"
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    build_tiny_model(tokenizer, section, seed=profile.core.seed).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    print(f"judge base model reshaped with {overrides}")
+    return str(out)
+
+
+def train_judge(home: Path, seed: int, overrides: dict, init_model: str | None = None) -> tuple[str, list[float], float]:
+    """(model path, per-step loss, seconds) of the judge stage trained with this seed (from the
+    pipeline's base model, or ``init_model``)."""
     import polars as pl
 
     from tasks.profile import load_profile
@@ -82,7 +108,7 @@ def train_judge(home: Path, seed: int, overrides: dict) -> tuple[str, list[float
     base = load_profile("tiny").section("train", TrainConfig).model_dump()
     cfg = TrainConfig(**_merged({**base, "seed": seed}, overrides))
     tag = f"bench-judge-{seed}-" + "-".join(f"{k}={v}" for k, v in sorted(overrides.get("judge", {}).items()))
-    job = StageJob(stage="judge", home=str(home), run_name=tag, profile="tiny", init_model=judge_row["init_model"],
+    job = StageJob(stage="judge", home=str(home), run_name=tag, profile="tiny", init_model=init_model or judge_row["init_model"],
                    data_ref=str(wh.latest("judge_data")), config=cfg.model_dump(), fingerprint=tag)
     t0 = time.time()
     result = execute_stage(job)
@@ -163,6 +189,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--train", action="append", default=[], metavar="KEY=VALUE",
                     help="train-section overrides, e.g. judge.steps=1200, judge.lr=0.003, judge.prefix_shared=false")
+    ap.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
+                    help="start the judge from a base model of another shape, e.g. hybrid.softmax_attention_every=1")
     ap.add_argument("--items", type=int, default=None, metavar="N",
                     help="score on N fresh held-out grade items per family instead of the pipeline's judge_benchmark")
     args = ap.parse_args()
@@ -175,11 +203,12 @@ def main() -> None:
         print(f"judge stage over seeds {args.seeds}, settings {overrides or 'as the profile'}")
         if "data" in overrides:
             rebuild_judge_data(home, overrides)
+        init_model = reshaped_base(home, rl_overrides(args.model)) if args.model else None
         items = grade_items(home, args.items)
         print(f"{items.height} held-out grade items")
         rows = []
         for seed in args.seeds:
-            path, losses, seconds = train_judge(home, seed, overrides)
+            path, losses, seconds = train_judge(home, seed, overrides, init_model)
             m = grade_accuracy(path, items)
             m["tournament_parseable"] = tournament_parseable(home, path)
             rows.append(m)

@@ -116,7 +116,8 @@ class ModelSection(BaseModel):
     hybrid: HybridSizes = Field(default_factory=HybridSizes)
 
 
-# Preset matching configs/profiles/tiny/model.yaml, for callers without a profile at hand.
+# A small preset (8 layers, MoE feed-forward) for callers without a profile at hand; the tiny
+# profile's own shape is in configs/profiles/tiny/model.yaml.
 TINY_SIZES = HybridSizes(
     hidden_size=64,
     intermediate_size=128,

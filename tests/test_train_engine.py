@@ -47,6 +47,26 @@ def seeded_sft_job(wh, cfg: TrainConfig, stage_steps: int | None = None, run_nam
                     data_ref=str(refs["sft_data"]), config=cfg.model_dump(), fingerprint="test")
 
 
+def test_a_changed_model_section_builds_a_base_model_of_its_own_shape(wh):
+    """The cached base model is keyed on what builds it: the same settings reuse it, a changed
+    model.yaml (here 4 heads instead of 2) gets a model of its own shape, never the stale one."""
+    from transformers import AutoConfig
+
+    from tasks.train.base_model import prepare_base_model
+
+    rows = generate_task_instances.fn("object_counting", [0], 12, 0, 3, "configured")["rows"]
+    wh.write("synthetic_tasks", pl.DataFrame(rows))
+    cfg = small_config()
+    first = prepare_base_model(wh, cfg.base_model, SMALL_MODEL)
+    assert prepare_base_model(wh, cfg.base_model, SMALL_MODEL) == first
+    wider = {**SMALL_MODEL, "hybrid": {**SMALL_MODEL["hybrid"], "num_attention_heads": 4, "num_key_value_heads": 2}}
+    second = prepare_base_model(wh, cfg.base_model, wider)
+    assert second != first and second.name.startswith("test-base-")
+    assert AutoConfig.from_pretrained(first).num_attention_heads == 2
+    assert AutoConfig.from_pretrained(second).num_attention_heads == 4
+    assert prepare_base_model(wh, cfg.base_model, SMALL_MODEL, seed=1) not in (first, second)
+
+
 def test_ds_config_follows_the_profile():
     cfg = small_config(zero_stage=1, gradient_accumulation_steps=3, offload_optimizer=True, precision="bf16")
     ds = deepspeed_config(cfg.engine)

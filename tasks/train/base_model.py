@@ -2,11 +2,15 @@
 
 ``hybrid``: the in-house lightning-attention model sized by the profile's ``model.yaml``,
 with a byte-level BPE tokenizer trained on warehouse text; built once and cached under
-``$POSTTRAIN_HOME/models/<name>/`` (later runs reuse it). ``pretrained``: a local
+``$POSTTRAIN_HOME/models/<name>-<digest>/``, the digest of the settings that build it (the
+model section, the tokenizer's text count, the seed): later runs with the same settings reuse
+it, and a changed ``model.yaml`` builds a model of its own shape instead of reusing the old one. ``pretrained``: a local
 Hugging Face directory, used as is.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 from tasks.model_cache import build_once
@@ -56,4 +60,12 @@ def prepare_base_model(wh: Warehouse, cfg: BaseModelConfig, model_section: dict,
         tokenizer = train_tokenizer(texts, section.tokenizer_vocab_size, out)
         build_tiny_model(tokenizer, section, seed=seed).save_pretrained(out)
 
-    return build_once(wh.models_dir, cfg.name, build)
+    return build_once(wh.models_dir, f"{cfg.name}-{build_digest(model_section, cfg.tokenizer_texts, seed)}", build)
+
+
+def build_digest(model_section: dict, tokenizer_texts: int, seed: int) -> str:
+    """Short digest of what a hybrid base model is built from (its cache directory's suffix)."""
+    from model import ModelSection
+
+    settings = {"model": ModelSection(**model_section).model_dump(), "tokenizer_texts": tokenizer_texts, "seed": seed}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
