@@ -216,6 +216,9 @@ def main() -> None:
                   f"unreadable {m['grade_unreadable']:.2f}), tournament verdicts read "
                   f"{m['tournament_parseable']:.2f}, left the plateau at step {plateau_exit(losses)}, "
                   f"final loss {statistics.mean(losses[-PLATEAU_WINDOW:]):.4f}, {seconds:.0f}s", flush=True)
+            families = {k.removeprefix("synthetic_").removesuffix("_grade_accuracy"): v for k, v in sorted(m.items())
+                        if k.startswith("synthetic_") and k.endswith("_grade_accuracy") and k != "synthetic_grade_accuracy"}
+            print("    per family: " + ", ".join(f"{name} {acc:.2f}" for name, acc in families.items()), flush=True)
         accuracies = [m["grade_accuracy"] for m in rows]
         sd = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
         beat = sum(m["grade_p_vs_chance"] < 0.01 for m in rows)
