@@ -184,6 +184,8 @@ def tournament_parseable(home: Path, model_path: str) -> float:
 
 
 def main() -> None:
+    from tasks.genrm.validation import judge_table
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--home", type=Path, required=True, help="a finished tiny pipeline home (copied, not changed)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -216,9 +218,8 @@ def main() -> None:
                   f"unreadable {m['grade_unreadable']:.2f}), tournament verdicts read "
                   f"{m['tournament_parseable']:.2f}, left the plateau at step {plateau_exit(losses)}, "
                   f"final loss {statistics.mean(losses[-PLATEAU_WINDOW:]):.4f}, {seconds:.0f}s", flush=True)
-            families = {k.removeprefix("synthetic_").removesuffix("_grade_accuracy"): v for k, v in sorted(m.items())
-                        if k.startswith("synthetic_") and k.endswith("_grade_accuracy") and k != "synthetic_grade_accuracy"}
-            print("    per family: " + ", ".join(f"{name} {acc:.2f}" for name, acc in families.items()), flush=True)
+            families = [r for r in judge_table(m) if r["items"] != "all synthetic" and "grade accuracy" in r]
+            print("    per family: " + ", ".join(f"{r['items']} {r['grade accuracy']:.2f}" for r in families), flush=True)
         accuracies = [m["grade_accuracy"] for m in rows]
         sd = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
         beat = sum(m["grade_p_vs_chance"] < 0.01 for m in rows)

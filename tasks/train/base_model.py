@@ -4,8 +4,8 @@
 with a byte-level BPE tokenizer trained on warehouse text; built once and cached under
 ``$POSTTRAIN_HOME/models/<name>-<digest>/``, the digest of the settings that build it (the
 model section, the tokenizer's text count, the seed): later runs with the same settings reuse
-it, and a changed ``model.yaml`` builds a model of its own shape instead of reusing the old one. ``pretrained``: a local
-Hugging Face directory, used as is.
+it, and a changed ``model.yaml`` builds a model of its own shape instead of reusing the old
+one. ``pretrained``: a local Hugging Face directory, used as is.
 """
 from __future__ import annotations
 
