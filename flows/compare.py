@@ -16,6 +16,7 @@ import base64
 import html
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -82,12 +83,21 @@ class RunFamily:
         return f"{self.root.info.run_name or stage_of(self.root)} {self.root.info.run_id[:8]}"
 
     def keyed(self) -> list[tuple[str, Run]]:
-        """(stage key, run): the root is its stage name; a repeated stage gets a #n suffix."""
-        seen: dict[str, int] = {}
+        """(stage key, run), one key per run, the same in every run of the same pipeline.
+
+        A run's key is its stage; where a stage repeats (the pipeline runs the train flow once
+        per stage branch, concurrently), its run name (``train sft_short``), which says which
+        branch it is whatever order the branches started in; a #n suffix only where run names
+        repeat too. Comparing two runs pairs metrics and params by these keys."""
+        stages = Counter(stage_of(r) for r in self.runs)
+        names = Counter(r.info.run_name for r in self.runs)
+        seen: Counter[str] = Counter()
         out = []
         for r in self.runs:
             key = stage_of(r)
-            seen[key] = seen.get(key, 0) + 1
+            if stages[key] > 1 and r.info.run_name and names[r.info.run_name] == 1:
+                key = r.info.run_name
+            seen[key] += 1
             out.append((key if seen[key] == 1 else f"{key}#{seen[key]}", r))
         return out
 
@@ -320,8 +330,12 @@ def reward_curves_figure(curves: dict[str, dict[str, list[tuple[int, float]]]]):
     names = pick_curves({name for per_run in curves.values() for name in per_run}, MAX_CURVES)
     if not names:
         return None
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
-    for ax, name in zip(axes[0], names):
+    ncols = min(3, len(names))   # a grid: a row of six panels shrinks each to a thumbnail on the page
+    nrows = -(-len(names) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, names):
         for label, per_run in curves.items():
             if name in per_run:
                 steps, values = zip(*per_run[name])
@@ -375,8 +389,8 @@ def _save_plots(out: Path, curves, eval_frame: pl.DataFrame, funnel_frame: pl.Da
     saved = {
         "reward_curves": _save(reward_curves_figure(curves), out / "reward_curves.png"),
         "pass_at_k": _save(grouped_bars_figure(
-            eval_frame, pl.format("{}@{}", "benchmark", "k"), cols, list(labels),
-            "held-out pass@k", "pass@k"), out / "pass_at_k.png"),
+            eval_frame, pl.format("{} pass@{}", "benchmark", "k"), cols, list(labels),
+            "held-out pass@k", "pass@k", horizontal=True), out / "pass_at_k.png"),
         "funnel": _save(grouped_bars_figure(
             funnel_frame, pl.format("{}: {}", "stage", "reason"), cols, list(labels),
             "rows removed per stage and reason", "rows", horizontal=True), out / "funnel.png"),
@@ -476,14 +490,26 @@ def _collapsible(title: str, body: str) -> str:
 
 
 def _stage_rows(family: RunFamily) -> pl.DataFrame:
+    """One row per run, each run under the run it is nested in (depth first, children by start)."""
+    keyed = family.keyed()
+    key_of = {r.info.run_id: key for key, r in keyed}
+    children: dict[str | None, list[tuple[str, Run]]] = {}
+    for key, r in keyed[1:]:
+        children.setdefault(r.data.tags.get("mlflow.parentRunId"), []).append((key, r))
+    ordered, stack = [], [keyed[0]]
+    while stack:
+        key, r = stack.pop()
+        ordered.append((key, r))
+        stack.extend(reversed(children.get(r.info.run_id, [])))
     rows = []
-    for key, r in family.keyed():
+    for key, r in ordered:
         start, end = r.info.start_time, r.info.end_time
-        rows.append({"stage": key, "run": r.info.run_name, "status": r.info.status, "run_id": r.info.run_id,
+        parent = key_of.get(r.data.tags.get("mlflow.parentRunId"))
+        rows.append({"stage": key, "within": parent, "status": r.info.status, "run_id": r.info.run_id,
                      "seconds": round((end - start) / 1000, 1) if start and end else None,
                      "profile": r.data.tags.get("posttrain.profile"),
                      "config_hash": r.data.tags.get("posttrain.config_hash")})
-    return pl.DataFrame(rows, schema={"stage": pl.Utf8, "run": pl.Utf8, "status": pl.Utf8, "run_id": pl.Utf8,
+    return pl.DataFrame(rows, schema={"stage": pl.Utf8, "within": pl.Utf8, "status": pl.Utf8, "run_id": pl.Utf8,
                                       "seconds": pl.Float64,
                                       "profile": pl.Utf8, "config_hash": pl.Utf8})
 

@@ -182,3 +182,36 @@ def test_report_leads_with_the_summary_folds_the_long_tables_and_says_why_a_char
         tracking.log_counters({"rows": 3}, prefix="ingest")
     page = write_run_report(empty, home=home, out_dir=tmp_path / "empty", log_to_mlflow=False).read_text()
     assert page.count("<em>no chart: ") == 4 and "data:image/png" not in page
+
+
+def branched_pipeline(experiment: str, branch_order: list[str], lr: dict[str, float]) -> str:
+    """A pipeline whose train flow runs once per branch (as the judge and policy branches do,
+    concurrently): each a "train" run named after its stage, with the stage's own run inside."""
+    with tracking.tracked_run("pipeline", experiment=experiment) as parent:
+        for stage in branch_order:
+            with (tracking.tracked_run("train", run_name=f"train {stage}", params={"stages": stage}),
+                  tracking.tracked_run(stage, params={"lr": lr[stage]})):
+                tracking.log_counters({"loss": lr[stage] * 10}, prefix=stage)
+    return parent
+
+
+def test_repeated_stages_pair_by_branch_whatever_order_the_branches_started_in(home, tmp_path):
+    """The pipeline's judge and policy branches each open a "train" run; which starts first
+    varies between runs, so pairing them by start order (train, train#2) compared the judge's
+    settings with SFT's. Keys come from the run names, and the report nests each stage run
+    under its train run."""
+    a = branched_pipeline("exp-branches-a", ["judge", "sft_short"], {"judge": 1e-3, "sft_short": 3e-4})
+    b = branched_pipeline("exp-branches-b", ["sft_short", "judge"], {"judge": 1e-3, "sft_short": 5e-4})
+    result = compare(a, b, out_dir=tmp_path / "cmp", home=home)
+    params = {r["param"]: (r["a"], r["b"]) for r in result.params.iter_rows(named=True)}
+    assert params == {"sft_short.lr": ("0.0003", "0.0005")}   # the branches' own params all match
+    metrics = {r["metric"]: (r["a"], r["b"]) for r in result.metrics.iter_rows(named=True)}
+    assert metrics["judge/judge.loss"] == pytest.approx((0.01, 0.01))
+    assert not any("#" in name for name in [*params, *metrics])
+
+    page = write_run_report(b, home=home, log_to_mlflow=False).read_text()
+    stages_table = page.split("<h2>Stages</h2>")[1].split("</table>")[0]
+    cells = [row.split("</td><td>")[:2] for row in stages_table.split("<tr><td>")[1:]]
+    assert [tuple(c) for c in cells] == [("pipeline", "-"), ("train sft_short", "pipeline"),
+                                         ("sft_short", "train sft_short"), ("train judge", "pipeline"),
+                                         ("judge", "train judge")]
