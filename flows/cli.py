@@ -179,8 +179,10 @@ def train(
 
 @app.command()
 def stages():
-    """The pipeline's stages in run order: what each follows, and for training stages the
-    table it trains on, the recipe and what it writes (declared once, in data_specs/stages.py)."""
+    """The pipeline's stages in run order, what each follows, and what each training stage trains on.
+
+    For a training stage: the table it trains on, its recipe and what it writes (declared
+    once, in data_specs/stages.py)."""
     from data_specs.stages import TRAINING_TABLES, train_stage
     from flows.pipeline import STAGES
 
@@ -440,8 +442,9 @@ def _print_summary(res: dict, elapsed: float, home: str | None) -> None:
 def ui(home: str | None = HomeOpt, prefect_port: int = typer.Option(4200, "--prefect-port"),
        mlflow_port: int = typer.Option(5000, "--mlflow-port"),
        duration: float = typer.Option(0, "--duration", help="stop after N seconds (0: until Ctrl-C)")):
-    """Start the Prefect server (or reuse the one `serve` or another `ui` runs for this home) and
-    the MLflow UI on 127.0.0.1, and print both URLs."""
+    """Start the Prefect UI and the MLflow UI on 127.0.0.1 and print both URLs.
+
+    The Prefect server `serve` or another `ui` runs for this home is reused."""
     from flows.deploy import ensure_prefect_server
     from flows.services import start_mlflow_ui
     services: list = []  # whatever started is stopped, even if a later start fails
