@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,26 @@ def set_progress_hook(hook: Callable[[str, str], None] | None) -> None:
     _progress_hook = hook
 
 
+# The pipeline stage whose run the caller is inside: flows a stage runs (the train flow and its
+# per-stage steps under the pipeline's sft_short, ...) report nothing the stage's own bar does
+# not already show. A context variable, so concurrent branches each see their own stage.
+_progress_scope: ContextVar[str | None] = ContextVar("posttrain_progress_scope", default=None)
+
+
 def report_progress(stage: str, event: str) -> None:
-    if _progress_hook is not None:
-        _progress_hook(stage, event)
+    if _progress_hook is None:
+        return
+    scope = _progress_scope.get()
+    if scope is not None and stage != scope:
+        return
+    _progress_hook(stage, event)
+
+
+@contextmanager
+def progress_scope(stage: str) -> Iterator[None]:
+    """Inside it, progress reports other than ``stage``'s own are left to ``stage``'s bar."""
+    token = _progress_scope.set(stage)
+    try:
+        yield
+    finally:
+        _progress_scope.reset(token)

@@ -30,7 +30,7 @@ from prefect.futures import as_completed
 
 from data_specs.stages import STAGE_NAMES, TRAIN_STAGES, TrainStage, train_stage
 from flows.audit import audit_flow
-from flows.common import flow_context, flow_logger, report_progress
+from flows.common import flow_context, flow_logger, progress_scope, report_progress
 from flows.compare import write_run_report
 from flows.curate import curate_flow
 from flows.difficulty import difficulty_flow
@@ -305,7 +305,7 @@ def stage_task(name: str, profile: str, home: str | None, force: bool, inputs: R
         return {**json.loads(previous["summary"]), "skipped": True,
                 "table_refs": {**inputs, **standing_outputs(wh, previous)}}
     t0 = time.time()
-    with recording_tables() as use:
+    with recording_tables() as use, progress_scope(name):
         result = stage.run(profile, home, inputs)
     seconds = time.time() - t0
     record_stage_run(wh, stage, key, use, prof.config_hash(*stage.sections), result, seconds)

@@ -336,3 +336,47 @@ def test_the_base_model_tokenizer_reads_the_text_snapshots_handed_over(wh):
     assert warehouse_texts(wh, 10_000, {"synthetic_tasks": handed}) == texts
     assert warehouse_texts(wh, 10_000) == [t for col in ("prompt", "answer") for t in wh.read_ref(newer)[col].to_list()]
     assert texts != warehouse_texts(wh, 10_000)
+
+
+def test_flows_a_pipeline_stage_runs_report_under_that_stage_s_progress_bar(wh, monkeypatch):
+    """Under the pipeline, the train flow of the sft_short stage reported "train" and
+    "train.sft_short" beside the stage's own bar, and the judge branch's train flow shared that
+    "train" bar, marking it done while the other branch still trained. Inside a stage only the
+    stage reports; the same flow run on its own (``posttrain train``) keeps its bars."""
+    from prefect import flow
+
+    from flows import pipeline
+    from flows.common import report_progress, set_progress_hook
+    from flows.pipeline import Stage, stage_task
+
+    @flow
+    def train_like(stage: str) -> None:
+        report_progress("train", "start")
+        report_progress(f"train.{stage}", "start")
+        report_progress(f"train.{stage}", "done")
+        report_progress("train", "done")
+
+    def run(stage):
+        def body(profile, home, refs):
+            train_like(stage)
+            return {"mlflow_run_id": None}
+        return body
+
+    for name in ("sft_short", "judge"):
+        monkeypatch.setitem(pipeline.STAGES, name, Stage(name, run(name)))
+    events = []
+    set_progress_hook(lambda stage, event: events.append((stage, event)))
+    try:
+        @flow
+        def two_branches():
+            futures = [stage_task.submit(n, "tiny", str(wh.home), True) for n in ("sft_short", "judge")]
+            return [f.result() for f in futures]
+
+        two_branches()
+        assert sorted(events) == [("judge", "done"), ("judge", "start"), ("sft_short", "done"), ("sft_short", "start")]
+        events.clear()
+        train_like("sft_long")
+        assert events == [("train", "start"), ("train.sft_long", "start"), ("train.sft_long", "done"),
+                          ("train", "done")]
+    finally:
+        set_progress_hook(None)
