@@ -215,3 +215,28 @@ def test_repeated_stages_pair_by_branch_whatever_order_the_branches_started_in(h
     assert [tuple(c) for c in cells] == [("pipeline", "-"), ("train sft_short", "pipeline"),
                                          ("sft_short", "train sft_short"), ("train judge", "pipeline"),
                                          ("judge", "train judge")]
+
+
+def test_the_judge_table_reads_logged_metrics_and_prints_whole_at_80_columns():
+    """One row per group, all synthetic items first; the CLI's table keeps every header whole
+    in an 80-column terminal (long headers were cut to "unreadab…")."""
+    from flows import cli
+    from tasks.genrm.validation import judge_table
+
+    def group(name, acc):
+        return {f"genrm.{name}_grade_accuracy": acc, f"genrm.{name}_grade_p_vs_chance": 1e-9,
+                f"genrm.{name}_grade_unreadable": 0.02, f"genrm.{name}_sample_accuracy": 0.6,
+                f"genrm.{name}_parseable": 0.99}
+
+    rows = judge_table({**group("synthetic_web_of_lies", 0.55), **group("synthetic", 0.83), "genrm.other": 1.0})
+    assert [r["items"] for r in rows] == ["all synthetic", "web_of_lies"]
+    assert rows[0] == {"items": "all synthetic", "grade accuracy": 0.83, "p vs chance": 1e-9, "grades unread": 0.02,
+                       "pairwise accuracy": 0.6, "pairwise read": 0.99}
+    console = Console(record=True, width=80)
+    saved, cli.console = cli.console, console
+    try:
+        cli._print_judge({"validation": {**group("synthetic_object_properties", 0.97), **group("synthetic", 0.83)}})
+    finally:
+        cli.console = saved
+    text = console.export_text()
+    assert "…" not in text and "object_properties" in text and "1.0e-09" in text

@@ -421,9 +421,9 @@ def run_judge_validation(wh: Warehouse, cfg: ReferencesConfig, judge: GenRMJudge
 
 # -- reading the results back ----------------------------------------------------------------
 
-_JUDGE_COLUMNS = {"grade_accuracy": "grade accuracy", "grade_p_vs_chance": "p (vs chance 0.5)",
-                  "grade_unreadable": "grade unreadable", "sample_accuracy": "pairwise accuracy",
-                  "parseable": "pairwise parseable"}
+_JUDGE_COLUMNS = {"grade_accuracy": "grade accuracy", "grade_p_vs_chance": "p vs chance",
+                  "grade_unreadable": "grades unread", "sample_accuracy": "pairwise accuracy",
+                  "parseable": "pairwise read"}
 _JUDGE_METRIC = re.compile(r"^(?P<group>synthetic(?:_[a-z0-9_]+?)?)_(?P<what>" + "|".join(_JUDGE_COLUMNS) + r")$")
 
 
