@@ -140,7 +140,8 @@ def rl_curve(home: Path, seed: int, loss: str, checkpoints: list[int],
                          "optimizer": {**base["optimizer"], "schedule": "constant", "warmup_steps": 0}})
     cfg.rl.loss, cfg.rl.steps = loss, last
     cfg.rl.checkpoint_every, cfg.rl.keep_checkpoints = every, last // every + 1
-    cfg.rl.eps_low = 0.2 if loss == "grpo" else 1.0
+    if "eps_low" not in (overrides or {}):   # each loss's own default unless --rl eps_low= sets it
+        cfg.rl.eps_low = 0.2 if loss == "grpo" else 1.0
     tag = f"{loss}-{seed}-{last}-" + "-".join(f"{k}={v}" for k, v in sorted(_flat(overrides or {}).items()))
     job = StageJob(stage="rl", home=str(home), run_name=f"bench-{tag}", profile="tiny", init_model=init,
                    data_ref=rl_ref, config=cfg.model_dump(), fingerprint=tag)
