@@ -186,6 +186,8 @@ def compare_losses(home: Path, seeds: list[int], checkpoints: list[int], target:
     seeds start from the DPO model the warehouse holds."""
     print(f"\nCISPO vs GRPO: RL steps to held-out pass@1 >= {target:.3f} (checkpoints {checkpoints}, "
           f"RL settings {overrides or 'as the profile'})")
+    last = max(checkpoints)
+    not_reached = 2 * last   # a lower bound on the steps of a run that never reached the target
     need: dict[str, list[int]] = {"cispo": [], "grpo": []}
     curves: dict[str, list[list[tuple[int, float]]]] = {"cispo": [], "grpo": []}
     for seed in seeds:
@@ -195,21 +197,19 @@ def compare_losses(home: Path, seeds: list[int], checkpoints: list[int], target:
             curve = rl_curve(home, seed, loss, checkpoints, overrides)
             curves[loss].append(curve)
             reached = steps_to(curve, target)
-            # not reached: counted as twice the last checkpoint (a lower bound on the cost)
-            need[loss].append(reached if reached is not None else 2 * max(checkpoints))
+            need[loss].append(reached if reached is not None else not_reached)
     print(f"\n{'steps':>6s}" + "".join(f"{loss + ' (mean ± sd)':>22s}" for loss in curves))
     for i, steps in enumerate(sorted(checkpoints)):
         print(f"{steps:6d}" + "".join(f"{fmt([c[i][1] for c in curves[loss]]):>22s}" for loss in curves))
     mean = {k: statistics.mean(v) for k, v in need.items()}
-    last = max(checkpoints)
 
     def listed(steps: list[int]) -> str:
-        return "[" + ", ".join(str(s) if s <= last else f"not by {last} ({s})" for s in steps) + "]"
+        return "[" + ", ".join(f"not by {last} ({s})" if s == not_reached else str(s) for s in steps) + "]"
 
     print(f"steps to {target:.3f}: cispo {listed(need['cispo'])} (mean {mean['cispo']:.1f}), "
           f"grpo {listed(need['grpo'])} (mean {mean['grpo']:.1f}); a target not reached by the last "
-          f"checkpoint counts as {2 * last} steps")
-    censored = [loss for loss, v in need.items() if any(s > last for s in v)]
+          f"checkpoint counts as {not_reached} steps")
+    censored = [loss for loss, v in need.items() if not_reached in v]
     note = f" ({' and '.join(censored)}: a lower bound on its steps)" if censored else ""
     print(f"ratio cispo/grpo: {mean['cispo'] / mean['grpo']:.2f}x{note}  (paper: about 0.5; goal <= 0.6)")
 
