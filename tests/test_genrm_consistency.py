@@ -9,7 +9,12 @@ from tasks.genrm.consistency import (
     combine_orders,
     judge_pairs_consistently,
 )
-from tasks.genrm.judge import Constraints, constraint_failures, rule_decision
+from tasks.genrm.judge import (
+    Constraints,
+    constraint_failures,
+    constraints_from_metadata,
+    rule_decision,
+)
 from tasks.genrm.parse import parse_pairwise
 
 
@@ -104,6 +109,35 @@ def test_rule_checks_decide_when_exactly_one_answer_breaks_them():
     assert constraint_failures("- one\n- two", bullets) == []
     assert constraint_failures("- one\nmaybe two", bullets) == ["forbidden:maybe", "format:bullets"]
     assert constraint_failures('{"a": 1}', Constraints(format="json")) == []
+
+
+
+def test_possessives_and_contractions_contain_their_base_word():
+    robot = Constraints(required_words=["robot"], max_words=4)
+    assert constraint_failures("The robot's arm moved.", robot) == []
+    assert constraint_failures("The robot\u2019s arm moved.", robot) == []          # a typographic apostrophe
+    assert constraint_failures("The robots' arm moved.", Constraints(required_words=["robots"])) == []
+    assert constraint_failures("A 'robot' painted.", robot) == []                  # quotes are not part of it
+    assert constraint_failures("The robotic arm moved.", robot) == ["missing:robot"]
+    assert constraint_failures("The robot's arm moved slowly.", robot) == ["max_words>4"]   # robot's: one word
+    assert constraint_failures("- red\n- blue", Constraints(max_words=2)) == []   # a bullet's dash is no word
+    contractions = Constraints(required_words=["they", "is", "can", "will"])
+    assert constraint_failures("They're sure it isn't what we can't or won't do.", contractions) == []
+    # a forbidden word is caught in its possessive too, and a rule verdict follows the fixed reading
+    assert constraint_failures("The robot's arm.", Constraints(forbidden_words=["robot"])) == ["forbidden:robot"]
+    assert rule_decision("A machine's arm.", "The robot's arm.", robot).verdict == 1
+
+
+def test_bundled_open_prompts_pass_their_own_constraints_with_their_reference():
+    from tasks.sources import open_prompt_records
+
+    checked = []
+    for rec in open_prompt_records():
+        rules = constraints_from_metadata(rec.data.get("metadata"))
+        if rules is not None:
+            checked.append(rec.data["item_id"])
+            assert constraint_failures(rec.data["answer"], rules) == [], rec.data["item_id"]
+    assert "open-019" in checked and len(checked) >= 10
 
 
 class ScriptedBackend:

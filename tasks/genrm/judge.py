@@ -59,8 +59,24 @@ def constraints_from_metadata(metadata: str | dict | None) -> Constraints | None
         raise ValueError(f"metadata.constraints: {e}") from None
 
 
+# a word may join parts with an apostrophe or hyphen (robot's, well-known); quotes and a bullet's
+# dash around it are not part of it
+_WORD = re.compile(r"\w+(?:['-]\w+)*")
+# an English possessive or contraction: the word it is built on, then the clitic
+_CLITIC = re.compile(r"(\w+?)(?:n't|'s|'re|'ve|'ll|'d|'m)")
+_IRREGULAR_NEGATIONS = {"can't": "can", "won't": "will", "shan't": "shall"}
+
+
 def _words(text: str) -> list[str]:
-    return re.findall(r"[\w'-]+", text.lower())
+    return _WORD.findall(text.lower().replace("\u2019", "'"))
+
+
+def _base_word(word: str) -> str:
+    """robot's -> robot, they're -> they, isn't -> is; any other word is its own base."""
+    if word in _IRREGULAR_NEGATIONS:
+        return _IRREGULAR_NEGATIONS[word]
+    m = _CLITIC.fullmatch(word)
+    return m.group(1) if m else word
 
 
 def _format_ok(text: str, fmt: str) -> bool:
@@ -84,7 +100,8 @@ def _format_ok(text: str, fmt: str) -> bool:
 def constraint_failures(text: str, constraints: Constraints) -> list[str]:
     """Each broken rule, by name (empty when the text follows every rule)."""
     words = _words(text)
-    vocabulary = set(words)
+    # "The robot's arm" contains the word robot (and breaks a rule forbidding it)
+    vocabulary = set(words) | {_base_word(w) for w in words}
     failures = []
     if constraints.min_words is not None and len(words) < constraints.min_words:
         failures.append(f"min_words<{constraints.min_words}")
@@ -102,8 +119,8 @@ def constraint_failures(text: str, constraints: Constraints) -> list[str]:
 
 
 def _contains(text: str, vocabulary: set[str], phrase: str) -> bool:
-    phrase = phrase.lower().strip()
-    return phrase in vocabulary if " " not in phrase else phrase in text.lower()
+    phrase = phrase.lower().strip().replace("\u2019", "'")
+    return phrase in vocabulary if " " not in phrase else phrase in text.lower().replace("\u2019", "'")
 
 
 def rule_decision(first: str, second: str, constraints: Constraints) -> PairDecision | None:
