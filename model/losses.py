@@ -438,18 +438,19 @@ def ppo_clip_terms(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-              eps: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
-    """GRPO: token-level PPO clip, mean over each response's tokens, then over responses.
+              eps_low: float = 0.2, eps_high: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
+    """GRPO: token-level PPO clip to [1 - eps_low, 1 + eps_high], mean over each response's
+    tokens, then over responses.
 
     A token whose ratio left the trust region on the side its advantage pushes towards
     contributes no gradient (the min picks the constant clipped term).
     """
-    objective, ratio = ppo_clip_terms(logp, old_logp, advantages, eps, eps)
+    objective, ratio = ppo_clip_terms(logp, old_logp, advantages, eps_low, eps_high)
     m = mask.to(objective.dtype)
     per_response = (objective * m).sum(-1) / m.sum(-1).clamp(min=1.0)
     has_tokens = m.sum(-1) > 0
     loss = -per_response[has_tokens].sum() / has_tokens.sum().clamp(min=1)
-    return loss, _ratio_stats(ratio, mask, eps, eps, logp, old_logp)
+    return loss, _ratio_stats(ratio, mask, eps_low, eps_high, logp, old_logp)
 
 
 def dapo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
@@ -503,7 +504,7 @@ def policy_loss(name: str, logp: torch.Tensor, old_logp: torch.Tensor, advantage
     if name == "cispo":
         return cispo_loss(logp, old_logp, advantages, mask, eps_low, eps_high, group_size, cispo_variant)
     if name == "grpo":
-        return grpo_loss(logp, old_logp, advantages, mask, eps_high)
+        return grpo_loss(logp, old_logp, advantages, mask, eps_low, eps_high)
     if name == "dapo":
         return dapo_loss(logp, old_logp, advantages, mask, eps_low, eps_high)
     raise ValueError(f"unknown policy loss {name!r}; expected 'cispo', 'grpo' or 'dapo'")

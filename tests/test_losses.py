@@ -100,7 +100,7 @@ def test_cispo_keeps_gradient_on_clipped_tokens_grpo_does_not():
     mask = torch.ones(1, 2)
     eps = 0.2
 
-    grpo, _ = losses.grpo_loss(logp, old, adv, mask, eps=eps)
+    grpo, _ = losses.grpo_loss(logp, old, adv, mask, eps_low=eps, eps_high=eps)
     (g_grpo,) = torch.autograd.grad(grpo, logp)
     assert g_grpo[0, 0].item() == 0.0          # PPO clip: no gradient through the clipped token
     assert g_grpo[0, 1].item() != 0.0
@@ -127,12 +127,34 @@ def test_cispo_mask_variant_is_eq7():
 
 def test_grpo_is_mean_of_response_means():
     logp, old, adv, mask = _policy_case()
-    loss, _ = losses.grpo_loss(logp, old, adv, mask, eps=0.2)
+    loss, _ = losses.grpo_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.2)
     r = torch.exp(logp.detach() - old)
     a = adv[:, None].expand_as(logp)
     obj = torch.minimum(r * a, r.clamp(0.8, 1.2) * a) * mask
     expect = -((obj[0].sum() / 3) + (obj[1].sum() / 2)) / 2
     assert loss.item() == pytest.approx(expect.item(), abs=1e-6)
+
+
+def test_grpo_clips_below_at_eps_low_and_above_at_eps_high():
+    """A length window lowers eps_high only: GRPO's lower bound stays eps_low (it moved with eps_high)."""
+    # A < 0 on ratios e^-0.25 ~ 0.78 and e^-0.1 ~ 0.90: PPO clips a ratio below 1 - eps_low
+    logp = torch.tensor([[-1.25, -1.1, -0.9]], requires_grad=True)
+    old = torch.tensor([[-1.0, -1.0, -1.0]])
+    adv, mask = torch.tensor([-1.0]), torch.ones(1, 3)
+    loss, stats = losses.policy_loss("grpo", logp, old, adv, mask, eps_low=0.3, eps_high=0.05)
+    r = torch.exp(logp.detach() - old)
+    obj = torch.minimum(-r, -r.clamp(0.7, 1.05))
+    assert loss.item() == pytest.approx(-obj.mean().item(), abs=1e-6)
+    (g,) = torch.autograd.grad(loss, logp)
+    # both ratios below 1 stay inside [0.7, 1.05] and keep their gradient; 1 + eps_high caps
+    # nothing here (A < 0 takes the min on the unclipped side above 1)
+    assert g[0, 0].item() != 0.0 and g[0, 1].item() != 0.0
+    assert stats["clip_fraction"] == pytest.approx(1 / 3)   # only e^0.1 ~ 1.105 > 1.05
+    # with eps_low 0.15 the first token (0.78 < 0.85) is clipped: no gradient
+    loss, stats = losses.policy_loss("grpo", logp, old, adv, mask, eps_low=0.15, eps_high=0.05)
+    (g,) = torch.autograd.grad(loss, logp)
+    assert g[0, 0].item() == 0.0 and g[0, 1].item() != 0.0
+    assert stats["clip_fraction"] == pytest.approx(2 / 3)
 
 
 def test_dapo_clip_higher_token_mean():
