@@ -516,7 +516,8 @@ def main() -> None:
     import logging
     logging.getLogger("prefect.server.services.task_run_recorder").setLevel(logging.CRITICAL)
     try:
-        app(standalone_mode=False)
+        # standalone_mode=False *returns* the code of a typer.Exit a command raised (audit's 1)
+        code = app(standalone_mode=False)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:
@@ -533,6 +534,8 @@ def main() -> None:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         err_console.print(f"error: {type(e).__name__}: {msg}", highlight=False, soft_wrap=True)
         sys.exit(1)
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":
