@@ -5,21 +5,33 @@ from pathlib import Path
 
 from tasks.rollout.base import RolloutBackend
 from tasks.rollout.config import RolloutConfig
-from tasks.rollout.smol import SMOL_NAME, smollm2_path
+from tasks.rollout.smol import SMOL_NAME, gguf_dir, smollm2_path
 from tasks.rollout.tiny_model import TINY_LLAMA_NAME, tiny_llama_path
 
 MODEL_ALIASES = {"smol": smollm2_path, SMOL_NAME: smollm2_path, TINY_LLAMA_NAME: tiny_llama_path}
 
 
-def resolve_model(spec: str) -> Path:
+def resolve_model(spec: str, what: str = "rollout model") -> Path:
     """A model alias ("smol", "tiny-llama") or a path to a model dir / .gguf file."""
     if spec in MODEL_ALIASES:
         return MODEL_ALIASES[spec]()
     path = Path(spec).expanduser()
     if not path.exists():
         raise FileNotFoundError(
-            f"rollout model {spec!r} is neither an alias ({sorted(MODEL_ALIASES)}) nor an existing path"
+            f"{what} {spec!r} is neither an alias ({sorted(MODEL_ALIASES)}) nor an existing path"
         )
+    return path
+
+
+def resolve_model_dir(spec: str, what: str = "model") -> Path:
+    """Like ``resolve_model``, always a Hugging Face directory: a .gguf file is dequantized once
+    into a cached directory (training saves checkpoints beside a directory and reloads its
+    tokenizer from one)."""
+    path = resolve_model(spec, what)
+    if path.is_file() and path.suffix == ".gguf":
+        return gguf_dir(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{what} {spec!r}: {path} is neither a .gguf file nor a directory with config.json")
     return path
 
 

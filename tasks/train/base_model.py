@@ -5,7 +5,9 @@ with a byte-level BPE tokenizer trained on warehouse text; built once and cached
 ``$POSTTRAIN_HOME/models/<name>-<digest>/``, the digest of the settings that build it (the
 model section, the tokenizer's text count, the seed): later runs with the same settings reuse
 it, and a changed ``model.yaml`` builds a model of its own shape instead of reusing the old
-one. ``pretrained``: a local Hugging Face directory, used as is.
+one. ``pretrained``: the same names a rollout model takes: an alias (``smol``: SmolLM2-135M-Instruct
+from its package), a local Hugging Face directory (used as is) or a ``.gguf`` file (dequantized
+once into a cached directory).
 """
 from __future__ import annotations
 
@@ -44,10 +46,9 @@ def prepare_base_model(wh: Warehouse, cfg: BaseModelConfig, model_section: dict,
     """Directory of the initial model (built and cached for ``hybrid``, its tokenizer trained on
     the texts of ``sources``, the snapshots handed over, where they hold a text table)."""
     if cfg.kind == "pretrained":
-        path = Path(cfg.pretrained_path).expanduser()
-        if not (path / "config.json").exists():
-            raise FileNotFoundError(f"base_model.pretrained_path {path} has no config.json")
-        return path
+        from tasks.rollout.factory import resolve_model_dir
+
+        return resolve_model_dir(cfg.pretrained_path, "base_model.pretrained_path")
 
     def build(out: Path) -> None:
         from model import ModelSection, build_tiny_model, train_tokenizer

@@ -206,7 +206,8 @@ class RLStageConfig(StageCommon):
 class BaseModelConfig(_Strict):
     """Where the model trained in the first stage comes from."""
     # "hybrid": the in-house model sized by the profile's model.yaml, with a tokenizer trained
-    # on warehouse text (cached under $POSTTRAIN_HOME/models/<name>); "pretrained": a local dir
+    # on warehouse text (cached under $POSTTRAIN_HOME/models/<name>); "pretrained": an alias
+    # ("smol"), a local Hugging Face directory or a .gguf file (as a rollout model is named)
     kind: Literal["hybrid", "pretrained"] = "hybrid"
     name: str = "tiny-base"
     pretrained_path: str | None = None
