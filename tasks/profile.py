@@ -5,8 +5,9 @@ settings below) and one YAML file per section (``curate.yaml``, ``rollout.yaml``
 Each area validates its own section with its own pydantic model via ``Profile.section``.
 
 Environment overrides win over files: ``POSTTRAIN__<SECTION>__<KEY>=value`` (nested keys
-joined with ``__``), e.g. ``POSTTRAIN__CURATE__MINHASH_THRESHOLD=0.8`` or
-``POSTTRAIN__PROFILE__SEED=3`` for a core setting. Values are parsed as YAML scalars.
+joined with ``__``), e.g. ``POSTTRAIN__CURATE__MINHASH__THRESHOLD=0.7`` (``minhash.threshold``
+of ``curate.yaml``) or ``POSTTRAIN__PROFILE__SEED=3`` for a core setting. Values are parsed as
+YAML scalars.
 """
 from __future__ import annotations
 

@@ -49,3 +49,28 @@ def test_config_hash_changes_with_settings(tmp_path):
     a = load_profile(tmp_path, environ={}).config_hash("demo")
     b = load_profile(tmp_path, environ={"POSTTRAIN__DEMO__THRESHOLD": "0.8"}).config_hash("demo")
     assert a != b and a == load_profile(tmp_path, environ={}).config_hash("demo")
+
+
+
+def test_the_docstring_override_examples_apply_and_validate():
+    """Each ``POSTTRAIN__...=value`` example of tasks/profile.py's docstring, applied to the
+    shipped tiny profile through the real override code, validates and changes the setting it names."""
+    import re
+
+    import yaml
+
+    import tasks.profile
+    from tasks.curate.config import CurateConfig
+
+    def setting(prof, section: str, path: list[str]):
+        value = prof.core if section == "profile" else prof.section(section, {"curate": CurateConfig}[section])
+        for name in path:
+            value = getattr(value, name)
+        return value
+
+    examples = re.findall(r"``(POSTTRAIN__\w+)=([^`]+)``", tasks.profile.__doc__)
+    assert len(examples) == 2, examples
+    for key, raw in examples:
+        section, *path = key.removeprefix("POSTTRAIN__").lower().split("__")
+        overridden = setting(load_profile("tiny", environ={key: raw}), section, path)
+        assert overridden == yaml.safe_load(raw) != setting(load_profile("tiny", environ={}), section, path), key
