@@ -113,9 +113,19 @@ def test_references_flow_end_to_end_on_a_tiny_local_model(seeded_home, home):
                 "genrm.accuracy", "genrm.pairwise_accuracy", "genrm.grade_accuracy",
                 "genrm.bon_accuracy", "genrm.pass_at_n", "genrm.bon_gap"):
         assert key in metrics, key
-    assert metrics["genrm.pass_at_n"] == 1.0   # the constructed correct answer is among the N
+    # Best-of-N graded each of its N candidates on each of the first bon_prompts math prompts
+    bon = judgments.filter(pl.col("context") == "bon")
+    assert (metrics["genrm.bon_prompts"], metrics["genrm.bon_n"]) == (2, 4)
+    assert dict(bon.group_by("prompt_id").agg(pl.col("first_id").n_unique()).iter_rows()) == {"m1": 4, "m2": 4}
     assert metrics["genrm.bon_gap"] == pytest.approx(metrics["genrm.pass_at_n"] - metrics["genrm.bon_accuracy"])
-    assert 0.0 <= metrics["genrm.accuracy"] <= 1.0
+    # accuracy is over every benchmark item, pairwise and grade weighted by their counts, and an
+    # item none of whose judge samples parsed counts as wrong: at most the share of items with one
+    counts = {kind: metrics[f"genrm.{kind}_items"] for kind in ("pairwise", "grade")}
+    assert counts == {kind: float((bench["kind"] == kind).sum()) for kind in counts} and sum(counts.values()) == 11
+    assert metrics["genrm.accuracy"] == pytest.approx(
+        sum(metrics[f"genrm.{kind}_accuracy"] * n for kind, n in counts.items()) / bench.height)
+    read = judgments.filter((pl.col("context") == "benchmark") & (pl.col("parse_status") == "ok"))
+    assert metrics["genrm.accuracy"] <= read.select("kind", "prompt_id").unique().height / bench.height
     assert {d.dataset.name.split("@")[0] for d in run.inputs.dataset_inputs} >= {
         "prompts", "references", "tournaments", "swiss_matches", "judgments", "judge_benchmark"}
 
