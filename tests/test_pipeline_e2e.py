@@ -77,6 +77,8 @@ def test_default_run_judge_beats_chance_on_held_out_items(default_run):
     """The judge stage's model is scored on held-out synthetic items of both kinds, per family,
     with the p-value of its grade accuracy against guessing; it must beat chance and give
     verdicts the parser reads, on the benchmark and in the reference tournaments."""
+    from scipy.stats import binomtest
+
     from warehouse import Warehouse
 
     home, res = default_run
@@ -87,7 +89,11 @@ def test_default_run_judge_beats_chance_on_held_out_items(default_run):
     assert not set(bench["source_id"]) & set(wh.read("synthetic_tasks")["id"])      # held out
     for family in _families():
         name = family.split("/", 1)[1]
-        assert v[f"synthetic_{name}_grade_items"] > 0 and 0.0 <= v[f"synthetic_{name}_grade_p_vs_chance"] <= 1.0
+        n = int(v[f"synthetic_{name}_grade_items"])
+        hits = round(v[f"synthetic_{name}_grade_accuracy"] * n)
+        # the p-value is the exact one-sided binomial test of the family's hits against guessing
+        assert n > 0 and v[f"synthetic_{name}_grade_p_vs_chance"] == pytest.approx(
+            binomtest(hits, n, 0.5, alternative="greater").pvalue, rel=1e-9)
         assert f"synthetic_{name}_sample_accuracy" in v
     print("judge validation", {k: round(x, 3) for k, x in v.items() if k.startswith("synthetic")})
     assert v["synthetic_grade_accuracy"] > 0.5 and v["synthetic_grade_p_vs_chance"] < 0.01
