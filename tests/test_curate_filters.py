@@ -82,6 +82,24 @@ def test_domain_aware_rules():
                    tests="assert add(1, 2) == 3").removed_reason is None
 
 
+def test_open_prompts_need_no_answer_while_math_and_logic_still_do():
+    # M1's tasks without answers (writing, instruction following) are rewarded by the GenRM in
+    # RL, so an open prompt without a reference answer survives; a math or logic row cannot be
+    # verified without one and is still removed
+    for domain, prompt in [("instruction", "Write three bullet points about keeping bees in a city garden."),
+                           ("general", "Write a short poem about the sea and the colour of its waves.")]:
+        for answer in (None, "", "   "):
+            o = outcome(prompt, answer, domain=domain)
+            assert o.removed_reason is None and o.rewritten_reason is None, (domain, answer, o)
+            assert o.prompt == prompt
+    assert outcome("Find the smallest prime larger than forty.", None).removed_reason == "incomplete:empty_answer"
+    assert outcome("Spell this word backward (example: sun -> nus): harbor", "",
+                   domain="logic").removed_reason == "incomplete:empty_answer"
+    # the other incomplete checks still hold for open prompts
+    assert outcome("Write a short poem about the", None, domain="general").removed_reason \
+        == "incomplete:truncated_prompt"
+
+
 def test_answer_parse_rejects_prose_and_accepts_math():
     for good in ["x^3-1", "\\frac{1}{2}", "[0,1)", "2^floor(n/2)", "\\sqrt{3}", "a=2,b=3"]:
         assert answer_parses(good), good

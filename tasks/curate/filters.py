@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from tasks.curate.config import FilterConfig
+from tasks.genrm.config import OPEN_DOMAINS
 from tasks.verify.math import parse_math_answer as parse_math_expression
 
 REWRITTEN = "rewritten"
@@ -45,13 +46,20 @@ _DANGLING_END = re.compile(r"(\b(?:and|or|the|of|to|a|an|with|for|is|are|that|wh
 _ELLIPSIS_END = re.compile(r"[A-Za-z]{2,}[ ,]*(\.\.\.|…)\s*$")
 
 
+def needs_answer(domain: str) -> bool:
+    """Whether a row of the domain is useless without a reference answer: not code (its
+    verifier runs tests) and not the open domains (M1's tasks without answers, rewarded by
+    the GenRM in RL)."""
+    return domain != "code" and domain not in OPEN_DOMAINS
+
+
 def incomplete(row: Row, cfg: FilterConfig) -> Verdict | None:
     prompt = (row.prompt or "").strip()
     if not prompt:
         return Verdict(True, "incomplete:empty_prompt")
     if len(prompt) < cfg.min_prompt_chars:
         return Verdict(True, "incomplete:too_short")
-    if row.domain != "code" and not (row.answer or "").strip():
+    if needs_answer(row.domain) and not (row.answer or "").strip():
         return Verdict(True, "incomplete:empty_answer")
     if row.domain != "code" and (_ELLIPSIS_END.search(prompt) or _DANGLING_END.search(prompt)):
         return Verdict(True, "incomplete:truncated_prompt")
