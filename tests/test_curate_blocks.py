@@ -134,3 +134,22 @@ def test_plain_numbers_skip_the_latex_parse_and_agree_with_it():
     assert all(answer_parses(n) for n in numbers)
     assert all(parse_math_answer(n) for n in numbers)
     assert not answer_parses("twelve apples")
+
+
+OPEN_PROMPT = {"prompt": "Write three bullet points about keeping bees in a city garden.", "domain": "instruction"}
+
+
+def test_an_open_prompt_without_an_answer_reaches_rl_with_open_to_rl(wh):
+    # M1's tasks without answers survive curation and, with open_to_rl, reach the RL side
+    _ingest(wh)
+    store_records(wh, [RawRecord("open.jsonl", 1, data=OPEN_PROMPT)], "open")
+    cfg = CFG.model_copy(update={"split": CFG.split.model_copy(update={"rl_fraction": 0.0, "open_to_rl": 1.0})})
+    res = run_curate(wh, cfg, run_id="r")
+    rl, sft = wh.read("rl_pool"), wh.read("sft_pool")
+    open_rows = rl.filter(pl.col("domain").is_in(["general", "instruction"]))
+    assert sorted(open_rows["domain"].to_list()) == ["general", "instruction"]
+    assert open_rows.filter(pl.col("domain") == "instruction")["answer"].to_list() == [None]
+    assert rl.height == 2 and not sft["domain"].is_in(["general", "instruction"]).any()   # rl_fraction 0
+    removed = wh.read("decisions").filter(pl.col("decision") == "removed")
+    assert len(PROMPTS) + 1 == rl.height + sft.height + removed.height == res.counters["rl_pool"] \
+        + res.counters["sft_pool"] + res.counters["removed"]

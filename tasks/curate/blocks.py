@@ -42,6 +42,7 @@ from tasks.curate.parallel import chunked
 from tasks.curate.semantic import neighbours_above
 from tasks.curate.split import assign_pools, cross_pool_edges
 from tasks.curate.stores import EmbeddingStore, SignatureStore
+from tasks.genrm.config import OPEN_DOMAINS
 
 OVERLAP_SCHEMA = {"row": pl.Int64, "item": pl.Int64, "shared": pl.UInt32, "coverage": pl.Float64}
 
@@ -317,10 +318,12 @@ class SplitBlock:
         n, n_new = len(rows.node_ids), rows.new.height
         verifiable = np.r_[rows.old["verifiable"].to_numpy().astype(bool),
                            rows.new["verifiable"].to_numpy().astype(bool)] if n else np.zeros(0, bool)
+        open_domain = np.r_[rows.old["domain"].is_in(list(OPEN_DOMAINS)).to_numpy().astype(bool),
+                            rows.new["domain"].is_in(list(OPEN_DOMAINS)).to_numpy().astype(bool)] if n else np.zeros(0, bool)
         kept = ~rows.removed
         pool, cluster, straddling = assign_pools(
             rows.links.labels(), kept.copy(), np.arange(n) < rows.n_old, rows.old["pool"].to_list() + [None] * n_new,
-            rows.old["cluster_id"].to_list() + [None] * n_new, rows.node_ids, verifiable, self.cfg)
+            rows.old["cluster_id"].to_list() + [None] * n_new, rows.node_ids, verifiable, self.cfg, open_domain)
         decisions = []
         for node, ref in straddling.items():
             decisions.append(Decision(rows.node_ids[node], self.stage, "cluster_straddles_pools", ref))

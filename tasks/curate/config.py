@@ -76,6 +76,11 @@ class SplitConfig(BaseModel):
     # hash: every cluster goes to RL with probability rl_fraction, unverifiable ones included.
     strategy: Literal["verifiable_to_rl", "hash"] = "verifiable_to_rl"
     rl_fraction: float = Field(0.7, ge=0.0, le=1.0)
+    # verifiable_to_rl only: share of clusters whose rows are all open-domain (general /
+    # instruction, rewarded by the GenRM in RL) sent to the RL side, by a hash of the cluster
+    # id with the seed independent of rl_fraction's; 0 keeps every open prompt on the SFT side.
+    # Clusters mixing open and verifiable (or other unverifiable) rows stay on the SFT side.
+    open_to_rl: float = Field(0.0, ge=0.0, le=1.0)
     seed: int = 0
 
 

@@ -28,10 +28,20 @@ def hash_fraction(key: str, seed: int) -> float:
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
-def choose_pool(cluster_id: str, all_verifiable: bool, cfg: SplitConfig) -> str:
+# salt of the open share's draw, so which open clusters go to RL does not follow rl_fraction's draw
+_OPEN_SALT = "open_to_rl\x1f"
+
+
+def choose_pool(cluster_id: str, all_verifiable: bool, cfg: SplitConfig, all_open: bool = False) -> str:
+    """The side of a new cluster. ``all_open``: every row is open-domain (GenRM-rewarded);
+    verifiable_to_rl sends such a cluster to RL with probability ``open_to_rl``."""
     to_rl = hash_fraction(cluster_id, cfg.seed) < cfg.rl_fraction
     if cfg.strategy == "verifiable_to_rl":
-        return RL if all_verifiable and to_rl else SFT
+        if all_verifiable:
+            return RL if to_rl else SFT
+        if all_open and cfg.open_to_rl > 0:
+            return RL if hash_fraction(_OPEN_SALT + cluster_id, cfg.seed) < cfg.open_to_rl else SFT
+        return SFT
     return RL if to_rl else SFT
 
 
@@ -55,10 +65,12 @@ class LinkGraph:
 
 def assign_pools(labels: np.ndarray, kept: np.ndarray, is_old: np.ndarray, old_pool: list[str | None],
                  old_cluster: list[str | None], node_ids: list[str], verifiable: np.ndarray,
-                 cfg: SplitConfig) -> tuple[list[str | None], list[str | None], dict[int, str]]:
+                 cfg: SplitConfig, open_domain: np.ndarray | None = None,
+                 ) -> tuple[list[str | None], list[str | None], dict[int, str]]:
     """(pool per node, cluster id per node, {new node: old node it straddles with}).
 
-    Only kept nodes get a pool. A component's cluster id is the smallest old cluster id in
+    ``verifiable`` and ``open_domain`` (None: no node is open) are bool per node. Only kept
+    nodes get a pool. A component's cluster id is the smallest old cluster id in
     it, else the smallest row id among its kept rows (stable across runs).
     """
     pool: list[str | None] = [None] * len(labels)
@@ -82,7 +94,8 @@ def assign_pools(labels: np.ndarray, kept: np.ndarray, is_old: np.ndarray, old_p
             for m in old:
                 pool[m], cluster[m] = old_pool[m], old_cluster[m] or cid
             continue
-        chosen = old_pools.pop() if old_pools else choose_pool(cid, bool(verifiable[members].all()), cfg)
+        all_open = open_domain is not None and bool(open_domain[members].all())
+        chosen = old_pools.pop() if old_pools else choose_pool(cid, bool(verifiable[members].all()), cfg, all_open)
         for m in members:
             pool[m], cluster[m] = chosen, cid
     return pool, cluster, straddling
