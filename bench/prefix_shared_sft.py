@@ -36,7 +36,7 @@ def sft_micro_batches(data, tokenizer, micro: int, batches: int, max_tokens: int
 
     pad = pad_id_of(tokenizer)
     sample = data.sample(n=min(micro * (batches + 1), data.height), seed=0, shuffle=True)
-    encoded = [encode_example(tokenizer, p, r) for p, r in zip(sample["prompt"], sample["response"])]
+    encoded = [encode_example(tokenizer, p, r, d) for p, r, d in zip(sample["prompt"], sample["response"], sample["domain"])]
     return [pad_batch([e[0] for e in encoded[s:s + micro]], [e[1] for e in encoded[s:s + micro]], pad, max_tokens)
             for s in range(0, len(encoded) - micro + 1, micro)]
 

@@ -1,5 +1,6 @@
-"""Sampled completions and per-prompt pass rates: ``rollouts`` (offline sampling, e.g. the
-difficulty stage), ``rl_rollouts`` (the RL stage's own samples) and ``difficulty``."""
+"""Sampled completions and per-prompt pass rates: ``rollouts`` (offline sampling: the difficulty
+stage, the policy's own samples for DPO), ``teacher_samples`` (reasoning for SFT), ``rl_rollouts``
+(the RL stage's own samples) and ``difficulty``."""
 from __future__ import annotations
 
 import polars as pl
@@ -51,6 +52,15 @@ RL_ROLLOUTS = register(TableSpec(
                     description="optimizer steps behind the weights that sampled this row"),
              Column("staleness", pl.Int64, required=True, check=lambda c: c >= 0, check_reason="negative_staleness",
                     description="optimizer steps the trainer was ahead of those weights when they sampled")],
+))
+
+TEACHER_SAMPLES = register(TableSpec(
+    "teacher_samples", version=1, key=("rollout_id",),
+    description="A teacher's sampled responses to SFT-side prompts (rejection sampling), verified and cleaned: "
+                "the kept ones are SFT targets.",
+    columns=[*ROLLOUTS.columns,
+             Column("kept", pl.Boolean, required=True, description="verified and clean: an SFT target"),
+             Column("drop_reason", pl.Utf8, description="why not kept (wrong, truncated, no_reasoning, ...)")],
 ))
 
 DIFFICULTY = register(TableSpec(

@@ -42,11 +42,12 @@ class TrainStage:
 
 
 TRAINING_TABLES: dict[str, TrainingTable] = {t.name: t for t in (
-    TrainingTable("sft_data", ("sft_pool", "synthetic_tasks"),
-                  "SFT examples from the SFT-side pool and synthetic instances with gold answers"),
+    TrainingTable("sft_data", ("sft_pool", "synthetic_tasks", "teacher_samples"),
+                  "SFT examples from the SFT-side pool and synthetic instances: a teacher's verified reasoning "
+                  "(rejection sampling), the gold answer as the counted fallback"),
     TrainingTable("dpo_pairs", ("sft_pool", "synthetic_tasks", "rollouts"),
-                  "chosen/rejected pairs on SFT-side prompts: verified rollouts or gold vs wrong rollouts or "
-                  "verifier-rejected perturbations"),
+                  "chosen/rejected pairs on SFT-side prompts: the policy's own verified-correct vs verified-wrong "
+                  "samples, gold and verifier-rejected perturbations as counted fallbacks"),
     TrainingTable("rl_prompts", ("rl_pool", "synthetic_tasks", "difficulty"),
                   "RL-side prompts whose latest difficulty decision is keep"),
     TrainingTable("judge_data", ("synthetic_tasks", "sft_pool"),
@@ -63,10 +64,11 @@ TRAIN_STAGES: tuple[TrainStage, ...] = (
     TrainStage("judge", "sft", "judge_data", None, ("models",),
                "the GenRM judge: SFT from the base model on gold-vs-rejected verdicts", optional=True),
     TrainStage("sft_short", "sft", "sft_data", None, ("models",),
-               "SFT on examples up to the short length", _SHORT),
+               "SFT on examples up to the short length", _SHORT, after=("teacher",)),
     TrainStage("sft_long", "sft", "sft_data", "sft_short", ("models",),
                "SFT on the long examples", _LONG),
-    TrainStage("dpo_short", "dpo", "dpo_pairs", "sft_long", ("models",), "DPO on short pairs", _SHORT),
+    TrainStage("dpo_short", "dpo", "dpo_pairs", "sft_long", ("models",), "DPO on short pairs", _SHORT,
+               after=("on_policy",)),
     TrainStage("dpo_long", "dpo", "dpo_pairs", "dpo_short", ("models",), "DPO on long pairs", _LONG),
     TrainStage("rl", "rl", "rl_prompts", "dpo_long", ("models", "rl_rollouts", "judgments"),
                "CISPO RL with staged output-length windows", after=("difficulty",),

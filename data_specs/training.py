@@ -15,6 +15,9 @@ def _non_negative(c: pl.Expr) -> pl.Expr:
     return c >= 0
 
 
+RESPONSE_SOURCES = ("teacher", "gold", "judge")
+
+
 def _sft_examples(name: str, description: str) -> TableSpec:
     return TableSpec(
         name, version=1, key=("example_id",), description=description,
@@ -29,6 +32,11 @@ def _sft_examples(name: str, description: str) -> TableSpec:
             Column("num_tokens", pl.Int64, required=True, check=_non_negative, check_reason="negative_token_count"),
             Column("response_tokens", pl.Int64, required=True, check=_non_negative,
                    check_reason="negative_token_count"),
+            Column("response_source", pl.Utf8, allowed=RESPONSE_SOURCES,
+                   description="teacher: a verified teacher sample; gold: the stored answer (the counted "
+                               "fallback); judge: a GenRM verdict example"),
+            Column("sample_id", pl.Utf8, description="the teacher_samples row (rollout_id) of a teacher target"),
+            Column("sample_model", pl.Utf8, description="the teacher model that sampled it"),
         ],
     )
 

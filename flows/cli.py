@@ -135,6 +135,26 @@ def difficulty(
 
 
 @app.command()
+def samples(
+    job: str = typer.Argument("teacher", help="teacher (reasoning for SFT) or on_policy (the policy's own samples for DPO)"),
+    model: str | None = typer.Option(None, "--model", help="model alias, path or stage name (default: profile)"),
+    profile: str = ProfileOpt, home: str | None = HomeOpt,
+):
+    """Sample the SFT side's prompts, verify and clean: teacher targets for SFT, on-policy pairs for DPO."""
+    from flows.samples import samples_flow
+    from tasks.samples import JOBS
+    if job not in JOBS:
+        raise typer.BadParameter(f"job must be one of {list(JOBS)}, not {job!r}")
+    with console.status(f"sampling ({job})..."):
+        res = samples_flow(job=job, profile=profile, home=home, model=model)
+    if not res["enabled"]:
+        console.print(f"samples.{job} is disabled in profile {profile!r}: nothing sampled")
+    else:
+        _print_counts({k: int(v) for k, v in res["counts"].items()}, title=f"samples {job} ({res['model']})")
+    console.print(f"MLflow run {res['mlflow_run_id']}")
+
+
+@app.command()
 def references(
     prompt: list[str] = typer.Option([], "--prompt", help="extra open prompt text (repeatable)"),
     labelled: list[Path] = typer.Option([], "--labelled", help="labelled judge benchmark files"),

@@ -37,6 +37,7 @@ from flows.difficulty import difficulty_flow
 from flows.evaluate import evaluate_flow
 from flows.ingest import ingest_flow
 from flows.references import references_flow
+from flows.samples import samples_flow
 from flows.synthesize import synthesize_flow
 from flows.train import train_stage_flow
 from tasks import tracking
@@ -106,6 +107,13 @@ _WORK_STAGES = (
     Stage("synthesize", lambda profile, home, refs: synthesize_flow(profile=profile, home=home),
           sections=("synthesize",),
           extra_key=lambda: _package_versions("reasoning-gym")),
+    # reasoning for SFT: a teacher's verified samples of the SFT side's prompts (rejection sampling)
+    Stage("teacher", lambda profile, home, refs: samples_flow("teacher", profile=profile, home=home, sources=refs),
+          sections=("samples", "rollout", "train", "model"), after=("curate", "synthesize")),
+    # the policy's own samples for DPO pairs, from the model DPO starts from
+    Stage("on_policy", lambda profile, home, refs: samples_flow("on_policy", profile=profile, home=home,
+                                                                sources=refs),
+          sections=("samples", "rollout"), after=("curate", "synthesize", train_stage("dpo_short").follows)),
     # after SFT (a judge set to `policy` is the SFT model) and the judge stage (`model: judge`)
     Stage("references", lambda profile, home, refs: references_flow(profile=profile, home=home, sources=refs),
           sections=("references", "rollout"), after=("curate", "sft_long", "judge")),

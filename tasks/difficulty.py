@@ -21,6 +21,8 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasks.rollout.base import Completion, RolloutBackend, SamplingParams
+from tasks.rollout.chat import prompt_content
+from tasks.rollout.chat import render_prompt as render_chat_prompt
 from tasks.tracking import current_run_id, log_counters, log_figure, log_table, stage_run
 from tasks.verify.passk import pass_at_k
 from tasks.verify.registry import VERIFIERS, synth_task_name, verify_strict
@@ -72,17 +74,11 @@ class DifficultySampling(BaseModel):
         )
 
 
-DEFAULT_INSTRUCTIONS = {
-    "math": "Please reason step by step, and put your final answer within \\boxed{}.",
-    "code": "Complete the Python function above. Give the whole function in one ```python code block.",
-    "logic": "",
-}
-
-
 class VerifySettings(BaseModel):
     """How sampled answers are prompted for and verified; shared by difficulty and evaluate."""
     model_config = ConfigDict(extra="forbid")
-    instructions: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_INSTRUCTIONS))
+    # the prompt as every stage renders it (tasks.rollout.chat.render_prompt); off: the bare
+    # prompt and its domain instruction, for a backend that applies its own chat template
     use_chat_template: bool = True
     verify_workers: int = Field(2, ge=1, description="parallel code sandboxes")
     sandbox_timeout_s: float = Field(10.0, gt=0)
@@ -139,12 +135,11 @@ def row_domain(row: dict) -> str:
     return "logic" if synth_task_name(row) else "general"
 
 
-def render_prompt(row: dict, domain: str, cfg: DifficultyConfig, backend: RolloutBackend) -> str:
-    instruction = cfg.instructions.get(domain, "")
-    content = f"{row['prompt']}\n\n{instruction}" if instruction else row["prompt"]
+def render_prompt(row: dict, domain: str, cfg: VerifySettings, backend: RolloutBackend) -> str:
+    """The row's prompt as training renders it for this domain (``tasks.rollout.chat``)."""
     if not cfg.use_chat_template:
-        return content
-    return backend.format_chat([{"role": "user", "content": content}])
+        return prompt_content(row["prompt"], domain)
+    return render_chat_prompt(backend.format_chat, row["prompt"], domain)
 
 
 def score_samples(

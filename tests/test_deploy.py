@@ -24,14 +24,17 @@ from flows.deploy import (
 from warehouse import Warehouse
 
 STAGE_FLOWS = ["ingest", "curate", "synthesize", "difficulty", "references", "train", "evaluate"]
+SAMPLE_JOBS = {"samples-teacher": "teacher", "samples-on-policy": "on_policy"}
 
 
 def test_prefect_yaml_has_the_pipeline_and_every_stage_flow():
     specs = {s.name: s for s in deployment_specs()}
-    assert set(specs) == {"full", *STAGE_FLOWS}
+    assert set(specs) == {"full", *STAGE_FLOWS, *SAMPLE_JOBS}
     assert specs["full"].entrypoint == "flows/pipeline.py:pipeline_flow"
     for name in STAGE_FLOWS:
         assert specs[name].entrypoint == f"flows/{name}.py:{name}_flow"
+    for name, job in SAMPLE_JOBS.items():   # one flow, one deployment per job
+        assert specs[name].entrypoint == "flows/samples.py:samples_flow" and specs[name].parameters["job"] == job
     for spec in specs.values():
         assert spec.parameters["profile"] == "tiny"
         assert spec.schedules, f"{spec.name} has no example schedule"

@@ -70,7 +70,7 @@ def config(**overrides) -> DifficultyConfig:
         "sampling": DifficultySampling(n=6, max_tokens=6, temperature=1.0, seed=3, repetition_window=None),
         "bands": {"math": Band(k=4, low=0.0, high=0.9), "code": Band(k=1, low=0.0, high=0.9),
                "logic": Band(k=1, low=0.0, high=0.9)},
-        "instructions": {}, "use_chat_template": False, "sandbox_timeout_s": 5.0,
+        "use_chat_template": False, "sandbox_timeout_s": 5.0,
     }
     return DifficultyConfig(**(base | overrides))
 

@@ -25,6 +25,7 @@ from tasks.genrm.models import resolve_rollout
 from tasks.genrm.swiss import Pairing, Standing, SwissTournament, buchholz
 from tasks.ingest import normalize_text, stable_id
 from tasks.rollout.base import RolloutBackend
+from tasks.rollout.chat import render_prompt
 from tasks.rollout.config import RolloutConfig
 from tasks.rollout.factory import make_backend
 from warehouse import TableRef, Warehouse
@@ -194,7 +195,7 @@ def gather_candidates(prompts: list[OpenPrompt], sources: list[CandidateSource],
         backend = backends.get(source.name)
         if backend is None:
             raise ValueError(f"candidate source {source.name!r} has no backend")
-        rendered = [backend.format_chat([{"role": "user", "content": p.prompt}]) for p in prompts]
+        rendered = [render_prompt(backend.format_chat, p.prompt, p.domain) for p in prompts]
         params = source.rollout.sampling_params(seed=seed + 7919 * (s_index + 1))
         for p, completions in zip(prompts, backend.generate(rendered, params)):
             raw[p.prompt_id].extend(Candidate(f"{source.name}:{i}", source.name, c.text)

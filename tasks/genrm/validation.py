@@ -34,6 +34,7 @@ from tasks.genrm.judge import GenRMJudge, GradeRequest, PairRequest
 from tasks.genrm.references import judgment_rows
 from tasks.ingest import RawRecord, expand_paths, read_records, stable_id
 from tasks.rollout.base import RolloutBackend
+from tasks.rollout.chat import render_prompt
 from tasks.verify.math import MathVerifyTimeout, math_equal
 from tasks.verify.passk import pass_at_k
 from tasks.verify.registry import verify
@@ -370,7 +371,7 @@ def best_of_n_gap(judge: GenRMJudge, prompts: pl.DataFrame, backend: RolloutBack
     rng = random.Random(v.seed)
     candidates: list[list[str]] = [[] for _ in rows]
     if sampled > 0:
-        rendered = [backend.format_chat([{"role": "user", "content": r["prompt"]}]) for r in rows]
+        rendered = [render_prompt(backend.format_chat, r["prompt"], "math") for r in rows]
         policy = next(s for s in cfg.candidates if s.kind == "backend")
         params = policy.rollout.sampling_params(n=sampled, seed=v.seed)
         candidates = [[c.text for c in outs] for outs in backend.generate(rendered, params)]

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tasks.rollout.base import RolloutBackend, SamplingParams
+from tasks.rollout.chat import render_prompt
 from tasks.synth.base import SynthTask, TaskInstance, stable_int
 from tasks.synth.config import CalibrationConfig
 from tasks.verify.passk import pass_at_k
@@ -60,7 +61,7 @@ class CalibrationResult:
 def rollout_solver(backend: RolloutBackend, params: SamplingParams, chat: bool = True) -> Solver:
     """Adapt a RolloutBackend to the solver signature (chat-formatting prompts when asked)."""
     def solve(prompts: list[str], n: int, seed: int) -> list[list[str]]:
-        rendered = [backend.format_chat([{"role": "user", "content": p}]) for p in prompts] if chat else prompts
+        rendered = [render_prompt(backend.format_chat, p, "logic") for p in prompts] if chat else prompts
         completions = backend.generate(rendered, replace(params, n=n, seed=seed))
         return [[c.text for c in row] for row in completions]
     return solve

@@ -224,6 +224,11 @@ class DataConfig(_Strict):
     max_sft_examples: int = Field(100_000, ge=1, description="per SFT stage (short, long)")
     max_dpo_pairs: int = Field(50_000, ge=1, description="per DPO stage (short, long)")
     synthetic_per_task: int | None = Field(None, ge=1, description="cap per synthetic task in SFT and RL")
+    teacher_samples_per_prompt: int = Field(
+        1, ge=1, description="verified teacher samples (teacher_samples, kept) per SFT prompt taken as SFT targets")
+    gold_fallback: bool = Field(
+        True, description="an SFT prompt with no kept teacher sample trains on its stored gold answer (counted as "
+                          "response_source gold); off: it is dropped (no_teacher_sample)")
     dpo_perturbed_negatives: bool = Field(True, description="wrong answers from task perturbations when no wrong rollout exists")
     verify_chosen: bool = Field(True, description="check chosen responses with the verifiers")
     rl_requires_difficulty: bool = Field(

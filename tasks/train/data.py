@@ -3,12 +3,13 @@ tokenized batches each stage trains on.
 
 Training sees only what curation chose. Each side reads its curated pool and the synthetic
 instances assigned to it (``synthetic_tasks.split``), never raw ``prompts``:
-- SFT: ``sft_pool`` rows with a solution or answer, and SFT-side synthetic instances with
-  their gold answers.
-- DPO: SFT-side prompts only; chosen = a verified-correct rollout or the gold answer;
-  rejected = a wrong rollout, else a verifier-rejected perturbation of the gold. (GenRM
-  references are not candidates: a pair needs a rejected answer, and the open prompts they
-  are chosen for have neither verifier-scored rollouts nor perturbations.)
+- SFT: ``sft_pool`` rows and SFT-side synthetic instances; the target is a teacher's verified,
+  cleaned sample with its reasoning (``teacher_samples``, rejection sampling), else the gold
+  answer in the domain's format as a counted fallback (``response_source``).
+- DPO: SFT-side prompts only; chosen = the policy's own verified-correct sample (``rollouts``
+  written by the ``on_policy`` samples job from the model DPO starts from) or the gold answer;
+  rejected = its verified-wrong sample, else a verifier-rejected perturbation of the gold
+  (``chosen_source`` / ``rejected_source`` say which, and the build report counts them).
 - RL: ``rl_pool`` rows and RL-side synthetic instances whose *latest* difficulty decision
   is ``keep`` (``unscored`` for domains without a verifier band).
 Every built table is split short/long by token length, as MiniMax-01 trains them apart.
@@ -29,7 +30,7 @@ from data_specs.stages import TRAINING_TABLES, stages_reading
 from model.losses import IGNORE_INDEX
 from tasks.curate.split import POOL_TABLES
 from tasks.genrm.config import OPEN_DOMAINS
-from tasks.rollout.chat import render_with_tokenizer
+from tasks.rollout.chat import render_prompt, tokenizer_chat
 from tasks.train.config import TrainConfig
 from tasks.train.judge_data import JUDGE_DOMAIN
 from tasks.verify.registry import verify
@@ -44,24 +45,25 @@ def _stable_id(*parts: str) -> str:
 # --------------------------------------------------------------------------- tokenizing
 
 
-def prompt_text(tokenizer, prompt: str) -> str:
-    """The prompt as the model sees it: one user turn, the assistant turn opened."""
-    return render_with_tokenizer(tokenizer, [{"role": "user", "content": prompt}])
+def prompt_text(tokenizer, prompt: str, domain: str | None) -> str:
+    """The prompt as the model sees it in every stage (``tasks.rollout.chat.render_prompt``):
+    one user turn with the domain's answer instruction, the assistant turn opened."""
+    return render_prompt(tokenizer_chat(tokenizer), prompt, domain)
 
 
-def encode_prompt(tokenizer, prompt: str) -> list[int]:
+def encode_prompt(tokenizer, prompt: str, domain: str | None) -> list[int]:
     """Token ids of the rendered prompt, encoded as the local sampler encodes it."""
-    text = prompt_text(tokenizer, prompt)
+    text = prompt_text(tokenizer, prompt, domain)
     bos = tokenizer.bos_token
     return list(tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"])
 
 
-def encode_example(tokenizer, prompt: str, response: str) -> tuple[list[int], int]:
+def encode_example(tokenizer, prompt: str, response: str, domain: str | None) -> tuple[list[int], int]:
     """(token ids of prompt + response + EOS, number of prompt tokens).
 
     Prompt and response are encoded apart so the boundary between them is exact.
     """
-    prompt_ids = encode_prompt(tokenizer, prompt)
+    prompt_ids = encode_prompt(tokenizer, prompt, domain)
     response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
     if tokenizer.eos_token_id is not None:
         response_ids = response_ids + [tokenizer.eos_token_id]
@@ -123,18 +125,25 @@ def stage_of_length(num_tokens: int, ranges: dict[str, tuple[int, int]]) -> str 
 
 @dataclass
 class BuildReport:
-    """Counts of a builder: rows seen, kept, and dropped by reason."""
+    """Counts of a builder: rows seen, kept, dropped by reason, and kept rows by kind (where
+    their response came from: teacher, gold fallback, sampled or perturbed rejected side)."""
     seen: int = 0
     kept: int = 0
     dropped: dict[str, int] | None = None
+    kinds: dict[str, int] | None = None
 
     def drop(self, reason: str) -> None:
         self.dropped = self.dropped or {}
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
+    def tally(self, kind: str) -> None:
+        self.kinds = self.kinds or {}
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+
     def counters(self) -> dict[str, float]:
         out = {"seen": float(self.seen), "kept": float(self.kept)}
         out.update({f"dropped_{k}": float(v) for k, v in (self.dropped or {}).items()})
+        out.update({k: float(v) for k, v in (self.kinds or {}).items()})
         return out
 
 
@@ -163,16 +172,29 @@ class Sources:
 
 
 def _gold_response(row: dict) -> str | None:
-    """Solution text (when given) followed by the answer in the tags verifiers read."""
-    answer = row.get("answer")
-    solution = (row.get("solution") or "").strip()
-    if not answer and not solution:
-        return None
-    parts = [solution] if solution else []
-    if answer:
-        parts.append(f"<answer>{answer}</answer>")
-    return "\n".join(parts)
+    """The stored solution and answer as a target in the answer format of the row's domain
+    (``tasks.rollout.chat``): math ends in ``\\boxed{}``, code is one fenced block, logic ends in
+    ``<answer>`` tags, and an open prompt's reference is the whole response, untagged (tags would
+    break its own format constraints). None when there is nothing to show."""
+    return gold_response(row.get("domain"), row.get("solution"), row.get("answer"))
 
+
+def gold_response(domain: str | None, solution: str | None, answer: str | None) -> str | None:
+    solution, answer = (solution or "").strip(), (answer or "").strip()
+    if domain == "code":
+        if not solution:
+            return None   # a code row's answer is its tests' verdict, not a text to imitate
+        return solution if "```" in solution else f"```python\n{solution}\n```"
+    if domain in ("math", "logic"):
+        if not answer:
+            return solution or None
+        if domain == "math":
+            final = answer if "\\boxed" in answer else f"\\boxed{{{answer}}}"
+            if "\\boxed" in solution:
+                return solution
+            return f"{solution}\n\nThe final answer is {final}." if solution else f"The final answer is {final}."
+        return f"{solution}\n<answer>{answer}</answer>" if solution else f"<answer>{answer}</answer>"
+    return solution or answer or None
 
 def _cap_per_task(df: pl.DataFrame, cap: int | None) -> pl.DataFrame:
     """At most ``cap`` rows per task (None: all), by id, grouped by task in the order of each
@@ -213,16 +235,42 @@ def synthetic_side(src: Sources, side: str, cap: int | None, refs: list[TableRef
     return {r["id"]: {**r, "_table": "synthetic_tasks"} for r in mine.iter_rows(named=True)}
 
 
-def sft_source_rows(src: Sources, cfg: TrainConfig) -> tuple[list[dict], list[TableRef]]:
-    """Rows with (source_table, source_id, domain, prompt, response) from the SFT side."""
+def kept_teacher_samples(src: Sources, refs: list[TableRef]) -> dict[str, list[dict]]:
+    """prompt_id -> the teacher's kept (verified, clean) samples, newest run first."""
+    samples, ref = src.read("teacher_samples")
+    if ref is None or samples.is_empty():
+        return {}
+    refs.append(ref)
+    out: dict[str, list[dict]] = {}
+    for r in reversed(samples.filter(pl.col("kept")).to_dicts()):
+        out.setdefault(r["prompt_id"], []).append(r)
+    return out
+
+
+def sft_source_rows(src: Sources, cfg: TrainConfig, report: BuildReport | None = None,
+                    ) -> tuple[list[dict], list[TableRef]]:
+    """Rows with (source_table, source_id, domain, prompt, response, response_source) from the
+    SFT side: a prompt's verified teacher samples (up to ``data.teacher_samples_per_prompt``),
+    else its gold answer in its domain's format when ``data.gold_fallback`` (counted in
+    ``report``), else none (``no_teacher_sample``)."""
     refs: list[TableRef] = []
     rows = []
     sft_side = side_rows(src, "sft", cfg, refs)
+    teacher = kept_teacher_samples(src, refs)
     for pid, r in sft_side.items():
-        response = _gold_response(r)
+        base = {"source_table": r["_table"], "source_id": pid, "domain": r.get("domain") or "general",
+                "prompt": r.get("prompt") or ""}
+        samples = teacher.get(pid, [])[: cfg.data.teacher_samples_per_prompt]
+        for s in samples:
+            rows.append({**base, "response": s["text"], "response_source": "teacher", "sample_id": s["rollout_id"],
+                         "sample_model": s["model"]})
+        if samples:
+            continue
+        response = _gold_response(r) if cfg.data.gold_fallback else None
         if response:
-            rows.append({"source_table": r["_table"], "source_id": pid, "domain": r.get("domain") or "general",
-                         "prompt": r.get("prompt") or "", "response": response})
+            rows.append({**base, "response": response, "response_source": "gold"})
+        elif report is not None:
+            report.drop("no_teacher_sample" if not cfg.data.gold_fallback else "no_gold_answer")
     if cfg.data.judge_in_sft:  # the policy learns the GenRM judge's jobs too
         rows += judge_rows(src, cfg, [])
     return rows, refs
@@ -242,7 +290,7 @@ def judge_rows(src: Sources, cfg: TrainConfig, refs: list[TableRef]) -> list[dic
             open_rows = [{"id": str(r["id"]), "_table": ref.name, "prompt": r.get("prompt"), "gold": _gold_response(r)}
                          for r in pool.iter_rows(named=True) if r.get("domain") in OPEN_DOMAINS]
             rows += open_pair_rows(open_rows, cfg.data.judge_open_pairs, cfg.seed, cfg.data.judge_max_chars)
-    return rows
+    return [{**r, "response_source": "judge"} for r in rows]
 
 
 def _cap_per_stage(rows: list[dict], cap: int, report: BuildReport) -> list[dict]:
@@ -260,8 +308,14 @@ def _cap_per_stage(rows: list[dict], cap: int, report: BuildReport) -> list[dict
 
 def build_sft_data(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
     """The ``sft_data`` frame: each example assigned to sft_short or sft_long by token length."""
-    rows, refs = sft_source_rows(src, cfg)
-    return _sft_frame(rows, refs, src.table, cfg, tokenizer)
+    unmatched = BuildReport()
+    rows, refs = sft_source_rows(src, cfg, unmatched)
+    frame, refs, report = _sft_frame(rows, refs, src.table, cfg, tokenizer)
+    for reason, count in (unmatched.dropped or {}).items():
+        report.seen += count
+        for _ in range(count):
+            report.drop(reason)
+    return frame, refs, report
 
 
 def build_judge_data(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
@@ -281,7 +335,7 @@ def _sft_frame(rows: list[dict], refs: list[TableRef], table: str, cfg: TrainCon
         if not r["prompt"].strip() or not r["response"].strip():
             report.drop("empty")
             continue
-        ids, n_prompt = encode_example(tokenizer, r["prompt"], r["response"])
+        ids, n_prompt = encode_example(tokenizer, r["prompt"], r["response"], r.get("domain"))
         stage = stage_of_length(len(ids), ranges)
         if stage is None:
             report.drop("outside_length_ranges")
@@ -292,7 +346,9 @@ def _sft_frame(rows: list[dict], refs: list[TableRef], table: str, cfg: TrainCon
                     "stage": stage, "num_tokens": len(ids), "response_tokens": len(ids) - n_prompt})
     out = _cap_per_stage(out, cfg.data.max_sft_examples, report)
     report.kept = len(out)
-    frame = pl.DataFrame(out) if out else pl.DataFrame()
+    for r in out:
+        report.tally(f"source_{r['response_source']}")
+    frame = pl.DataFrame(out, infer_schema_length=None) if out else pl.DataFrame()
     if not frame.is_empty():
         frame = frame.unique("example_id", keep="first", maintain_order=True)
     return frame, refs, report
@@ -371,7 +427,7 @@ def build_dpo_pairs(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataF
         if bad is None:
             report.drop("no_rejected")
             continue
-        longest = max(len(encode_example(tokenizer, row["prompt"], text)[0]) for text in (good, bad))
+        longest = max(len(encode_example(tokenizer, row["prompt"], text, domain)[0]) for text in (good, bad))
         stage = stage_of_length(longest, ranges)
         if stage is None:
             report.drop("outside_length_ranges")
@@ -382,6 +438,9 @@ def build_dpo_pairs(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataF
                     "rejected_source": bad_source, "num_tokens": longest})
     out = _cap_per_stage(out, cfg.data.max_dpo_pairs, report)
     report.kept = len(out)
+    for r in out:
+        report.tally(f"chosen_{r['chosen_source']}")
+        report.tally(f"rejected_{r['rejected_source']}")
     return (pl.DataFrame(out) if out else pl.DataFrame()), refs, report
 
 

@@ -61,8 +61,8 @@ def train_dpo(h: StageHarness) -> dict:
     model, tokenizer = h.load_policy()
     data = h.read_data()
     pair_ids = data["pair_id"].to_list()
-    chosen = [encode_example(tokenizer, p, c) for p, c in zip(data["prompt"], data["chosen"])]
-    rejected = [encode_example(tokenizer, p, r) for p, r in zip(data["prompt"], data["rejected"])]
+    chosen = [encode_example(tokenizer, p, c, d) for p, c, d in zip(data["prompt"], data["chosen"], data["domain"])]
+    rejected = [encode_example(tokenizer, p, r, d) for p, r, d in zip(data["prompt"], data["rejected"], data["domain"])]
     pad = pad_id_of(tokenizer)
     reference = reference_logps(h, model, pair_ids, chosen, rejected, pad)
     cfg = h.stage_cfg

@@ -102,7 +102,7 @@ def _sample_groups(h: StageHarness, sampler, pool: list[dict], curriculum: Curri
             seed=h.cfg.seed * 1_000_003 + step * 31 + round_,
             repetition_window=min(cfg.repetition_window, max_tokens) if cfg.repetition_window else None,
             repetition_prob=cfg.repetition_prob)
-        groups = sampler.generate([prompt_text(tokenizer, r["prompt"]) for r in rows], params)
+        groups = sampler.generate([prompt_text(tokenizer, r["prompt"], r["domain"]) for r in rows], params)
         scored_groups = rewarder.score(rows, groups, counters, step, round_)
         for row, completions, scored in zip(rows, groups, scored_groups):
             rewards = [s.reward for s in scored]
@@ -152,7 +152,7 @@ def _monitor_inputs(seen: list) -> tuple[list[float], list[int], list[float]]:
 def _training_tensors(batch: RolloutBatch, tokenizer, prompt_cache: dict[str, list[int]], pad: int) -> dict:
     seqs, prompt_lengths = [], []
     for row, completion in zip(batch.rows, batch.completions):
-        ids = prompt_cache.setdefault(row["prompt_id"], encode_prompt(tokenizer, row["prompt"]))
+        ids = prompt_cache.setdefault(row["prompt_id"], encode_prompt(tokenizer, row["prompt"], row["domain"]))
         seqs.append(ids + list(completion.token_ids))
         prompt_lengths.append(len(ids))
     tensors = pad_batch(seqs, prompt_lengths, pad)

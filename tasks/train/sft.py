@@ -14,7 +14,7 @@ def train_sft(h: StageHarness) -> dict:
     model, tokenizer = h.load_policy()
     data = h.read_data()
     example_ids = data["example_id"].to_list()
-    encoded = [encode_example(tokenizer, p, r) for p, r in zip(data["prompt"], data["response"])]
+    encoded = [encode_example(tokenizer, p, r, d) for p, r, d in zip(data["prompt"], data["response"], data["domain"])]
     pad = pad_id_of(tokenizer)
     cfg = h.stage_cfg
     engine = h.create_engine(model)
