@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import torch
@@ -13,6 +14,12 @@ from model.hybrid import FusedLogprobHead, HybridForCausalLM
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# transformers builds a model under process-wide patches (weight init turned off, a meta default
+# device, torch.linspace replaced): two loads in threads of one process (the pipeline runs the
+# references and the on-policy samples side by side) break each other, one with weights left
+# on the meta device, the other with uninitialized (NaN) ones. Loads take turns.
+MODEL_LOAD_LOCK = threading.RLock()
 
 
 def load_causal_lm(path: str | Path, dtype: str = "float32", device: str = "cpu"):
@@ -26,15 +33,16 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", device: str = "cpu"
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"model path does not exist: {path}")
-    if path.is_file() and path.suffix == ".gguf":
-        # transformers dequantizes GGUF weights to full precision; the quantizer object it
-        # leaves behind only gets in the way of later save/generate calls.
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=_DTYPES[dtype])
-        model.hf_quantizer = None
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+    with MODEL_LOAD_LOCK:
+        if path.is_file() and path.suffix == ".gguf":
+            # transformers dequantizes GGUF weights to full precision; the quantizer object it
+            # leaves behind only gets in the way of later save/generate calls.
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=_DTYPES[dtype])
+            model.hf_quantizer = None
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
     reason = adopt_fused_head(model)
     if reason is not None:
         log.warning("%s scores tokens through its own logits, upcast to FP32 (not the fused FP32 head): %s",

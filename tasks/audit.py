@@ -12,6 +12,9 @@ Checks (each counts what it checked and names every offending id):
   row that decontamination matched to one.
 - ``rl_latest_difficulty_keep``: every RL prompt's newest difficulty decision keeps it
   (``unscored`` only for domains without a verifier band, which the GenRM rewards).
+- ``sampled_targets_verified``: every SFT target taken from a teacher is a kept (verified,
+  clean) teacher sample of its own prompt, and every DPO side taken from the policy's samples
+  is one of that prompt's samples, verified right (chosen) or wrong (rejected).
 """
 from __future__ import annotations
 
@@ -216,6 +219,38 @@ def _check_rl_difficulty(rl: pl.DataFrame, difficulty: pl.DataFrame) -> AuditChe
     return check
 
 
+def _check_sampled_targets(sft: pl.DataFrame, dpo: pl.DataFrame, teacher: pl.DataFrame,
+                           rollouts: pl.DataFrame) -> AuditCheck:
+    """Every sampled target is a verified sample of its own prompt: an SFT teacher target is a
+    kept ``teacher_samples`` row of that prompt with that text; a DPO side said to be a rollout is
+    a ``rollouts`` sample of that prompt, verified right (chosen) or wrong (rejected)."""
+    check = AuditCheck("sampled_targets_verified")
+    kept = {}
+    if not teacher.is_empty():
+        for r in teacher.filter(pl.col("kept")).iter_rows(named=True):
+            kept[r["rollout_id"]] = (r["prompt_id"], r["text"])
+    if not sft.is_empty() and "response_source" in sft.columns:
+        for r in sft.filter(pl.col("response_source") == "teacher").iter_rows(named=True):
+            check.checked += 1
+            if kept.get(r["sample_id"]) != (str(r["source_id"]), r["response"]):
+                check.flag(f"sft_data {r['example_id']}: its teacher target is not a kept teacher sample of "
+                           f"prompt {r['source_id']} ({r['sample_id']})")
+    rewards: dict[tuple[str, str], list[float]] = {}
+    if not rollouts.is_empty():
+        for pid, text, reward in rollouts.select("prompt_id", "text", "reward").iter_rows():
+            rewards.setdefault((str(pid), text), []).append(reward)
+    for r in dpo.iter_rows(named=True) if not dpo.is_empty() else ():
+        for side, source, ok in (("chosen", "rollout_correct", lambda x: x >= 1.0),
+                                 ("rejected", "rollout_wrong", lambda x: x <= 0.0)):
+            if r[f"{side}_source"] != source:
+                continue
+            check.checked += 1
+            if not any(ok(x) for x in rewards.get((str(r["prompt_id"]), r[side]), [])):
+                check.flag(f"dpo_pairs {r['pair_id']}: its {side} side is not a {source.split('_')[1]} "
+                           f"sample of prompt {r['prompt_id']}")
+    return check
+
+
 def run_audit(wh: Warehouse) -> AuditReport:
     """Every check over the latest snapshots; nothing is written."""
     snapshots: dict[str, str] = {}
@@ -231,4 +266,6 @@ def run_audit(wh: Warehouse) -> AuditReport:
     checks += _check_both_sides(rows, index, pools, synthetic)
     checks.append(_check_benchmarks(rows, _latest(wh, "benchmarks", snapshots), _latest(wh, "decisions", snapshots)))
     checks.append(_check_rl_difficulty(tables["rl_prompts"], _latest(wh, "difficulty", snapshots)))
+    checks.append(_check_sampled_targets(tables["sft_data"], tables["dpo_pairs"], _latest(wh, "teacher_samples", snapshots),
+                                         _latest(wh, "rollouts", snapshots)))
     return AuditReport(checks, snapshots)

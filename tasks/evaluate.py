@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tasks.difficulty import VerifySettings, render_prompt, score_samples
 from tasks.rollout.base import RolloutBackend, SamplingParams
 from tasks.rollout.factory import resolve_model
+from tasks.synth.base import normalize_text
 from tasks.synth.registry import get_task, own_task_names
 from tasks.verify.passk import pass_at_k
 from warehouse import Warehouse
@@ -172,10 +173,28 @@ def benchmark_items(wh: Warehouse, cfg: EvaluateConfig) -> list[EvalItem]:
     return items
 
 
+QUESTION_KEY = "question:"
+
+
+def question_key(text: str) -> str:
+    """How a held-out question is matched against training text (whitespace and case folded)."""
+    return QUESTION_KEY + normalize_text(text)
+
+
 def training_instance_ids(wh: Warehouse) -> set[str]:
-    if not wh.exists("synthetic_tasks"):
-        return set()
-    return set(wh.read("synthetic_tasks").get_column("id").to_list())
+    """What a held-out item must not be: a synthetic instance id, or the question text of any
+    prompt that could train (a pool row or an ingested prompt holding the same generator's
+    question: reasoning-gym's easiest levels draw from a few hundred distinct questions)."""
+    out: set[str] = set()
+    if wh.exists("synthetic_tasks"):
+        synth = wh.read("synthetic_tasks")
+        out |= set(synth.get_column("id").to_list())
+        if "question" in synth.columns:
+            out |= {question_key(q) for q in synth.get_column("question").to_list() if q}
+    for table in ("prompts", "sft_pool", "rl_pool"):
+        if wh.exists(table):
+            out |= {question_key(p) for p in wh.read(table).get_column("prompt").to_list() if p}
+    return out
 
 
 @dataclass
@@ -206,7 +225,7 @@ def heldout_synthetic_items(spec: SyntheticHeldout, training_ids: set[str]) -> H
         while len(seen) < wanted and draw < wanted * spec.max_draws_per_instance:
             inst = task.generate(heldout_seed(draw), levels[draw % len(levels)])
             draw += 1
-            if inst.id in training_ids:
+            if inst.id in training_ids or question_key(inst.question) in training_ids:
                 out.skipped_seen_in_training += 1
                 continue
             if inst.id in seen:

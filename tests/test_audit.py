@@ -151,7 +151,10 @@ def test_audit_passes_on_what_the_builders_wrote(built):
     assert report.passed, report.describe()
     names = {c.name: c.checked for c in report.checks}
     assert set(names) == {"sft_side", "dpo_side", "rl_side", "judge_side", "no_prompt_on_both_sides",
-                          "no_cluster_on_both_sides", "no_benchmark_item", "rl_latest_difficulty_keep"}
+                          "no_cluster_on_both_sides", "no_benchmark_item", "rl_latest_difficulty_keep",
+                          "sampled_targets_verified"}
+    # this warehouse's SFT targets are gold and its DPO rejected sides perturbations: nothing sampled
+    assert names.pop("sampled_targets_verified") == 0
     assert all(v > 0 for v in names.values()), names
     # the judge's open pairs (an SFT-pool prompt quoted in its judge prompt) are among the rows checked
     assert (wh.read("judge_data")["source_table"] == "sft_pool").sum() > 0

@@ -20,8 +20,9 @@ from tasks.evaluate import (
     heldout_seed,
     heldout_synthetic_items,
     summarize,
+    training_instance_ids,
 )
-from tasks.ingest import store_records
+from tasks.ingest import RawRecord, store_records
 from tasks.rollout.base import Completion, SamplingParams
 from tasks.rollout.tiny_model import tiny_llama_path
 from tasks.synth.registry import get_task
@@ -142,6 +143,13 @@ def test_heldout_synthetic_seeds_are_disjoint_from_training(tmp_path):
     redraw = heldout_synthetic_items(SyntheticHeldout(tasks=["game_of_24"], per_task=2, levels=[0]), {first.id})
     assert redraw.skipped_seen_in_training == 1
     assert first.id not in {it.row["id"] for it in redraw.items} and len(redraw.items) == 2
+    # so is one whose question an ingested prompt already asks (same text, another generator path)
+    store_records(wh, [RawRecord("mine.jsonl", 1, {"prompt": "  " + first.question.upper() + " ",
+                                                     "answer": first.answer, "domain": "logic"})], "mine")
+    same_text = heldout_synthetic_items(SyntheticHeldout(tasks=["game_of_24"], per_task=2, levels=[0]),
+                                        training_instance_ids(wh))
+    assert same_text.skipped_seen_in_training == 1
+    assert first.question not in {it.row["question"] for it in same_text.items}
 
 
 class GoldAnswerBackend:

@@ -11,6 +11,7 @@ from importlib import resources
 import polars as pl
 import pytest
 
+from tasks.audit import _check_sampled_targets
 from tasks.difficulty import VerifySettings, render_prompt
 from tasks.genrm.judge import constraint_failures, constraints_from_metadata
 from tasks.rollout.base import Completion
@@ -169,6 +170,14 @@ def test_teacher_samples_are_verified_cleaned_and_become_sft_targets_with_a_coun
     assert teacher_row["response"].startswith("I count each animal") and teacher_row["sample_model"] == "scripted-teacher"
     assert report.counters()["source_teacher"] == 1 and report.counters()["source_gold"] == len(sft_rows) - 1
 
+    # the audit finds the teacher target among the kept samples of its prompt, and not a forged one
+    teacher = wh.read("teacher_samples")
+    assert _check_sampled_targets(frame, pl.DataFrame(), teacher, pl.DataFrame()).passed
+    forged = frame.with_columns(pl.when(pl.col("response_source") == "teacher").then(pl.lit("<answer>99</answer>"))
+                                .otherwise(pl.col("response")).alias("response"))
+    check = _check_sampled_targets(forged, pl.DataFrame(), teacher, pl.DataFrame())
+    assert check.checked == 1 and len(check.offending) == 1
+
     # without the fallback, prompts no teacher sample passed are dropped, and counted
     strict = TrainConfig(base_model={"kind": "hybrid"}, sft_short={"max_tokens": 4096}, data={"gold_fallback": False})
     frame, _, report = build_sft_data(Sources(wh, "sft_data"), strict, tokenizer)
@@ -191,6 +200,13 @@ def test_the_policys_own_right_and_wrong_samples_pair_for_dpo(wh):
     assert set(others["chosen_source"]) == {"gold"} and set(others["rejected_source"]) == {"rollout_wrong"}
     counters = report.counters()
     assert counters["rejected_rollout_wrong"] == pairs.height and counters["chosen_rollout_correct"] == 1
+    # the audit: each sampled side is a right (chosen) or wrong (rejected) sample of its prompt
+    rollouts = wh.read("rollouts")
+    check = _check_sampled_targets(pl.DataFrame(), pairs, pl.DataFrame(), rollouts)
+    assert check.passed and check.checked == pairs.height + 1
+    swapped = pairs.with_columns(pl.col("chosen").alias("rejected"), pl.col("rejected").alias("chosen"))
+    # the first pair fails on both sides, every other on its rejected side (now a gold answer)
+    assert len(_check_sampled_targets(pl.DataFrame(), swapped, pl.DataFrame(), rollouts).offending) == pairs.height + 1
 
 
 def test_clean_reasons_for_code_math_and_open_samples():

@@ -40,8 +40,11 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     its chat template included): what training saves checkpoints beside and reloads in 0.1 s."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    from model.loading import MODEL_LOAD_LOCK
+
+    with MODEL_LOAD_LOCK:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # the weights are plain fp32 now: saved with the GGUF quantization config, every reload
     # would carry a quantizer that refuses to save the checkpoints training writes
     model.hf_quantizer = None

@@ -55,7 +55,11 @@ def _write_tiny_llama(out_dir: Path, seed: int, vocab_size: int) -> None:
         pad_token_id=fast.pad_token_id,
         tie_word_embeddings=True,
     )
-    LlamaForCausalLM(config).save_pretrained(out_dir)
+    from model.loading import MODEL_LOAD_LOCK
+
+    with MODEL_LOAD_LOCK:   # its random init must not run under another thread's load patches
+        model = LlamaForCausalLM(config)
+    model.save_pretrained(out_dir)
 
 
 def tiny_llama_path(home: str | Path | None = None) -> Path:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
 
-from tasks.synth.base import LevelParams, SynthTask, TaskError, TaskInstance
+from tasks.synth.base import LevelParams, SynthTask, TaskError, TaskInstance, extract_answer
 
 PREFIX = "rg:"
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,18 @@ class ReasoningGymTask(SynthTask):
         meta = {"rg_dataset": self.dataset, "rg_seed": rg_seed,
                 "rg_metadata": _json_safe(entry.get("metadata", {}))}
         return entry["question"], "" if answer is None else str(answer), meta
+
+    def verify(self, instance: TaskInstance, response: Any) -> float:
+        """``score_answer`` on the tagged answer; where the response tags none and the gold is one
+        number, on the response's last number (lm-eval's flexible extract: a small model answers
+        "1 + 4 = 5" without the tags, and reasoning-gym's own scorer still decides)."""
+        strict = super().verify(instance, response)
+        if strict > 0 or not isinstance(response, str) or extract_answer(response) is not None:
+            return strict
+        if not _NUMBER.fullmatch(instance.answer.strip()):
+            return strict
+        numbers = _NUMBER.findall(response.replace(",", ""))
+        return super().verify(instance, f"<answer>{numbers[-1]}</answer>") if numbers else strict
 
     def check(self, instance: TaskInstance, answer: str) -> float:
         entry = self.entry(instance.level, instance.metadata["rg_seed"])

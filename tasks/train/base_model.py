@@ -59,7 +59,11 @@ def prepare_base_model(wh: Warehouse, cfg: BaseModelConfig, model_section: dict,
             raise ValueError(f"only {len(texts)} warehouse texts to train the tokenizer on: "
                              "ingest or synthesize data before training")
         tokenizer = train_tokenizer(texts, section.tokenizer_vocab_size, out)
-        build_tiny_model(tokenizer, section, seed=seed).save_pretrained(out)
+        from model.loading import MODEL_LOAD_LOCK
+
+        with MODEL_LOAD_LOCK:   # its random init must not run under another thread's load patches
+            model = build_tiny_model(tokenizer, section, seed=seed)
+        model.save_pretrained(out)
 
     return build_once(wh.models_dir, f"{cfg.name}-{build_digest(model_section, cfg.tokenizer_texts, seed)}", build)
 

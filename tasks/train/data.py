@@ -290,7 +290,7 @@ def judge_rows(src: Sources, cfg: TrainConfig, refs: list[TableRef]) -> list[dic
             open_rows = [{"id": str(r["id"]), "_table": ref.name, "prompt": r.get("prompt"), "gold": _gold_response(r)}
                          for r in pool.iter_rows(named=True) if r.get("domain") in OPEN_DOMAINS]
             rows += open_pair_rows(open_rows, cfg.data.judge_open_pairs, cfg.seed, cfg.data.judge_max_chars)
-    return [{**r, "response_source": "judge"} for r in rows]
+    return rows
 
 
 def _cap_per_stage(rows: list[dict], cap: int, report: BuildReport) -> list[dict]:

@@ -116,7 +116,8 @@ def judge_sft_rows(rows: dict[str, dict], per_task: int, seed: int, pairwise_sha
         n_grade = 2 * (round(per_task * (1.0 - pairwise_share)) // 2)  # whole consistent/inconsistent pairs
         examples = _grade_examples(task, pending, n_grade, rng, max_chars)
         examples += _pairwise_examples(task, pending, per_task - n_grade, rng, max_chars)
-        out += [{"source_table": "synthetic_tasks", "domain": JUDGE_DOMAIN, **ex} for ex in examples]
+        out += [{"source_table": "synthetic_tasks", "domain": JUDGE_DOMAIN, "response_source": "judge", **ex}
+                for ex in examples]
     return out
 
 
@@ -139,6 +140,7 @@ def open_pair_rows(open_rows: list[dict], wanted: int, seed: int, max_chars: int
             gold_second = len(out) % 2 == 1
             first, second = (other["gold"], r["gold"]) if gold_second else (r["gold"], other["gold"])
             out.append({"source_table": r["_table"], "source_id": r["id"], "domain": JUDGE_DOMAIN,
+                        "response_source": "judge",
                         "prompt": pairwise_prompt(r["prompt"], first, second, max_chars),
                         "response": verdict_text(1 if gold_second else -1)})
         if not out:
