@@ -166,6 +166,23 @@ def test_reasoning_gym_adapter_uses_the_curriculum_and_score_answer():
     assert task.verify(easy, None) == 0.0
 
 
+def test_reasoning_gym_numeric_answers_are_read_flexibly_only_without_tags():
+    """A small model answers "1 + 4 = 5" without tags: with a one-number gold, the response's
+    last number is scored by score_answer; a tagged answer is read strictly, and a non-numeric
+    gold never falls back."""
+    task = get_task("rg:chain_sum")
+    inst = task.generate(10_000, 0)
+    right, wrong = inst.answer, str(int(inst.answer) + 1)
+    assert task.verify(inst, f"Adding them up gives {right}.") == 1.0
+    assert task.verify(inst, f"Adding them up gives {right}, or maybe {wrong}") == 0.0   # the last number
+    assert task.verify(inst, f"<answer>{wrong}</answer> so it is {right}") == 0.0        # tags are strict
+    assert task.verify(inst, "no number here") == 0.0
+    words = get_task("rg:spell_backward")
+    spelled = words.generate(3, 0)
+    assert words.verify(spelled, f"<answer>{spelled.answer}</answer>") == 1.0
+    assert words.verify(spelled, f"It is {spelled.answer} 7") == 0.0
+
+
 def test_reasoning_gym_dataset_without_curriculum_has_one_level():
     task = get_task("rg:acre")
     assert task.n_levels == 1
