@@ -14,10 +14,8 @@ TRL is in the ``bench`` extra (``pip install trl``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+from sides import report, run_side
 
 
 def build_model(args):
@@ -203,7 +203,7 @@ def side_main(args) -> None:
     result = (run_posttrain if args.side == "posttrain" else run_trl)(args, batch)
     result.update(tokens=batch["tokens"], tokens_per_s=batch["tokens"] / result["seconds_per_update"],
                   peak_mb=_peak_mb(baseline))
-    print("RESULT " + json.dumps(result))
+    report(result)
 
 
 def main() -> None:
@@ -226,14 +226,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rollouts = Path(tmp) / "rollouts.parquet"
         make_rollouts(args, rollouts)
-        results = {}
-        for side in ("posttrain", "trl"):
-            cmd = [sys.executable, __file__, *sys.argv[1:], "--side", side, "--rollouts", str(rollouts)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT), check=False)
-            line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-            if proc.returncode != 0 or not line:
-                raise SystemExit(f"{side} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-            results[side] = json.loads(line[-1][len("RESULT "):])
+        results = {side: run_side(__file__, side, ["--rollouts", str(rollouts)]) for side in ("posttrain", "trl")}
     ours, trl = results["posttrain"], results["trl"]
     print(f"batch: {args.groups} groups x {args.group_size}, {ours['tokens']} completion tokens, "
           f"vocab {args.vocab}, hidden {args.hidden}, {args.layers} layers")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from sides import report, run_side
 
 FAMILIES = ("rg:products", "rg:number_sequence", "rg:chain_sum", "rg:aiw")
 NOT_EQUAL = (
@@ -174,7 +175,7 @@ def side_main(args) -> None:
     home = Path(args.home)
     os.environ["POSTTRAIN_HOME"] = str(home)
     result = (run_posttrain if args.side == "posttrain" else run_trl)(args, home)
-    print("RESULT " + json.dumps(result))
+    report(result)
 
 
 def main() -> None:
@@ -205,12 +206,7 @@ def main() -> None:
               f"prompts x {args.group_size} completions, max {args.max_tokens} tokens, lr {args.lr}", flush=True)
         results = {}
         for side in ("posttrain", "trl"):
-            cmd = [sys.executable, __file__, *sys.argv[1:], "--side", side, "--home", str(home)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT), check=False)
-            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            if proc.returncode != 0 or not line:
-                raise SystemExit(f"{side} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-            results[side] = json.loads(line[-1][len("RESULT "):])
+            results[side] = run_side(__file__, side, ["--home", str(home)])
             print(f"{side}: {results[side]['seconds']:.1f} s, reward per step {results[side]['reward_mean']}",
                   flush=True)
         from tasks.rollout.factory import resolve_model_dir

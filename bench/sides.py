@@ -1,0 +1,27 @@
+"""Run each side of a benchmark in a subprocess of its own (its own threads, memory and peak
+RSS) and read back the one ``RESULT {json}`` line it prints."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFIX = "RESULT "
+
+
+def report(result: dict) -> None:
+    """What a side prints last: its result for the parent."""
+    print(PREFIX + json.dumps(result))
+
+
+def run_side(script: str, side: str, extra: list[str]) -> dict:
+    """``script`` again with this process's arguments, ``--side side`` and ``extra``; its result.
+    A side that fails ends the benchmark with the tail of its stderr."""
+    cmd = [sys.executable, script, *sys.argv[1:], "--side", side, *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT), check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(PREFIX)]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"{side} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1][len(PREFIX):])
