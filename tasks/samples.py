@@ -19,6 +19,7 @@ when it has none to check (its reference stays the target).
 from __future__ import annotations
 
 import logging
+import random
 import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -175,10 +176,9 @@ def sft_side_prompts(wh: Warehouse, job: SampleJob, synthetic_per_task: int | No
 
 
 def _seeded_draw(rows: list[dict], cap: int | None, seed: int) -> list[dict]:
+    """At most ``cap`` of ``rows``, a seeded draw kept in their order."""
     if cap is None or len(rows) <= cap:
         return rows
-    import random
-
     picked = sorted(random.Random(seed).sample(range(len(rows)), cap))
     return [rows[i] for i in picked]
 
@@ -209,10 +209,9 @@ def sample_and_clean(rows: list[dict], job_name: str, cfg: SamplesConfig, backen
             prompts = [render_prompt(r, row_domain(r), cfg, backend) for r in chunk]
             for r, completions in zip(chunk, backend.generate(prompts, params)):
                 pid, domain = row_id(r), row_domain(r)
-                if domain in OPEN_DOMAINS:
-                    scored = [ScoredSample(c, 0.0, None) for c in completions]
+                if domain in OPEN_DOMAINS:   # no verifier: the prompt's checkable constraints decide
                     verdicts = [_constraints_ok(r, c.text) for c in completions]
-                    scored = [ScoredSample(s.completion, 1.0 if ok else 0.0, None) for s, ok in zip(scored, verdicts)]
+                    scored = [ScoredSample(c, 1.0 if ok else 0.0, None) for c, ok in zip(completions, verdicts)]
                 else:
                     scored = score_samples(domain, r, completions, limits, pool)
                     verdicts = [None] * len(scored)
