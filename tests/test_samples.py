@@ -183,6 +183,11 @@ def test_teacher_samples_are_verified_cleaned_and_become_sft_targets_with_a_coun
     frame, _, report = build_sft_data(Sources(wh, "sft_data"), strict, tokenizer)
     assert frame.height == 1 and report.dropped["no_teacher_sample"] == len(sft_rows) - 1
     assert report.seen == len(sft_rows)
+    # or only for the domains named (math keeps its reasoning solutions, logic its teacher only)
+    for domains, rows in ((["math"], 1), (["logic"], len(sft_rows))):
+        mixed = TrainConfig(base_model={"kind": "hybrid"}, sft_short={"max_tokens": 4096},
+                            data={"gold_fallback_domains": domains})
+        assert build_sft_data(Sources(wh, "sft_data"), mixed, tokenizer)[0].height == rows
 
 
 def test_the_policys_own_right_and_wrong_samples_pair_for_dpo(wh):

@@ -229,6 +229,9 @@ class DataConfig(_Strict):
     gold_fallback: bool = Field(
         True, description="an SFT prompt with no kept teacher sample trains on its stored gold answer (counted as "
                           "response_source gold); off: it is dropped (no_teacher_sample)")
+    gold_fallback_domains: list[str] | None = Field(
+        None, description="the domains whose prompts fall back to gold (None: every domain): e.g. keep math, whose "
+                          "stored solutions reason, and drop logic, whose gold is a bare answer")
     dpo_perturbed_negatives: bool = Field(True, description="wrong answers from task perturbations when no wrong rollout exists")
     verify_chosen: bool = Field(True, description="check chosen responses with the verifiers")
     rl_requires_difficulty: bool = Field(

@@ -251,8 +251,8 @@ def sft_source_rows(src: Sources, cfg: TrainConfig, report: BuildReport | None =
                     ) -> tuple[list[dict], list[TableRef]]:
     """Rows with (source_table, source_id, domain, prompt, response, response_source) from the
     SFT side: a prompt's verified teacher samples (up to ``data.teacher_samples_per_prompt``),
-    else its gold answer in its domain's format when ``data.gold_fallback`` (counted in
-    ``report``), else none (``no_teacher_sample``)."""
+    else its gold answer in its domain's format when ``data.gold_fallback`` (for the domains in
+    ``data.gold_fallback_domains``; counted in ``report``), else none (``no_teacher_sample``)."""
     refs: list[TableRef] = []
     rows = []
     sft_side = side_rows(src, "sft", cfg, refs)
@@ -266,11 +266,13 @@ def sft_source_rows(src: Sources, cfg: TrainConfig, report: BuildReport | None =
                          "sample_model": s["model"]})
         if samples:
             continue
-        response = _gold_response(r) if cfg.data.gold_fallback else None
+        fallback = cfg.data.gold_fallback and (cfg.data.gold_fallback_domains is None
+                                               or base["domain"] in cfg.data.gold_fallback_domains)
+        response = _gold_response(r) if fallback else None
         if response:
             rows.append({**base, "response": response, "response_source": "gold"})
         elif report is not None:
-            report.drop("no_teacher_sample" if not cfg.data.gold_fallback else "no_gold_answer")
+            report.drop("no_teacher_sample" if not fallback else "no_gold_answer")
     if cfg.data.judge_in_sft:  # the policy learns the GenRM judge's jobs too
         rows += judge_rows(src, cfg, [])
     return rows, refs
