@@ -211,10 +211,14 @@ def rl_side(df: pl.DataFrame) -> pl.DataFrame:
 def _process_table(wh, ref, cfg, backend, params, limits, pool, run_id):
     table = ref.name
     df = rl_side(wh.read(table, ref.snapshot))
-    if cfg.max_rows_per_table is not None and df.height > cfg.max_rows_per_table:
-        # a seeded sample, not the head: tables are ordered by task or source
-        df = df.sample(n=cfg.max_rows_per_table, seed=cfg.sampling.seed).sort(df.columns[0])
-    rows = df.to_dicts()
+    banded = pl.Series([row_domain(r) in cfg.bands for r in df.iter_rows(named=True)], dtype=pl.Boolean)
+    to_score, unbanded = df.filter(banded), df.filter(~banded)
+    if cfg.max_rows_per_table is not None and to_score.height > cfg.max_rows_per_table:
+        # a seeded sample of the rows to score, not the head (tables are ordered by task or
+        # source); rows without a band are never sampled away: they pass as unscored, so the
+        # open prompts the GenRM rewards reach RL however many verifiable rows are capped
+        to_score = to_score.sample(n=cfg.max_rows_per_table, seed=cfg.sampling.seed).sort(df.columns[0])
+    rows = unbanded.to_dicts() + to_score.to_dicts()
     scored = [r for r in rows if row_domain(r) in cfg.bands]
     rollouts, difficulty, decisions = [], [], []
     model = getattr(backend, "model_name", backend.name)

@@ -131,8 +131,12 @@ def test_rerun_appends_and_row_limit_applies(wh, backend):
     wh.write("rl_pool", rl_pool())
     run_difficulty(wh, config(), backend)  # synthetic_tasks is absent here: skipped
     refs = run_difficulty(wh, config(max_rows_per_table=2), backend)
-    assert refs["difficulty"].rows == len(ROWS) + 2
+    # the cap samples the rows to score; the open prompt (no band) always passes, unscored, so
+    # it can reach RL however many verifiable rows are capped
+    assert refs["difficulty"].rows == len(ROWS) + 2 + 1
     assert wh.read("rollouts").height == 6 * 4 + 6 * 2
+    second = wh.read("difficulty").tail(3)
+    assert (second["decision"] == "unscored").sum() == 1 and "chat1" in second["prompt_id"].to_list()
 
 
 def test_band_is_on_the_pass_rate_not_on_pass_at_k(wh, backend):
