@@ -8,7 +8,7 @@ export POSTTRAIN_HOME ?= $(CURDIR)/.posttrain
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.posttrain/torch_extensions
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup run test ui bench lint clean lock
+.PHONY: setup run smol test ui bench lint clean lock
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11+)"; exit 1; }
@@ -40,6 +40,10 @@ setup: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/posttrain run --profile tiny
+
+# a real pretrained model (SmolLM2-135M-Instruct, offline) through the whole recipe: ~30 min on 2 cores
+smol: $(STAMP)
+	$(BIN)/posttrain run --profile smol
 
 # two workers, whole files each (module fixtures run once), in collection order: the default-run test's pipeline
 # (slow-marked, collected first) leaves a core idle most of its ~18 minutes, the other worker
