@@ -140,10 +140,12 @@ class ScriptedBackend:
 def test_rollout_solver_adapts_a_backend():
     backend = ScriptedBackend()
     solve = rollout_solver(backend, SamplingParams(temperature=1.0, top_p=0.95, max_tokens=64))
-    out = solve(["p1", "p2"], 3, 17)
+    # synthetic prompts state their own <answer> format: rendered as every stage renders them
+    tagged = ["p1 in <answer></answer>", "p2 in <answer></answer>"]
+    out = solve(tagged, 3, 17)
     assert out == [["<answer>0</answer>", "<answer>1</answer>", "<answer>2</answer>"]] * 2
     prompts, params = backend.seen[0]
-    assert prompts == ["USER: p1", "USER: p2"]
+    assert prompts == [f"USER: {p}" for p in tagged]
     assert (params.n, params.seed, params.top_p) == (3, 17, 0.95)
 
 
