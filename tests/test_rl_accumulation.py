@@ -55,10 +55,10 @@ def rollout_tensors() -> tuple[dict, torch.Tensor]:
 
 
 def rl_harness(home, zero_stage: int, group_size: int = GROUP_SIZE, updates: int = UPDATES,
-               epochs: int = 1) -> StageHarness:
+               epochs: int = 1, accumulation: int = ACCUMULATION) -> StageHarness:
     cfg = TrainConfig(optimizer={"lr": 1e-2},
                       engine={"zero_stage": zero_stage, "precision": "fp32", "micro_batch_size": 6,
-                              "gradient_accumulation_steps": ACCUMULATION},
+                              "gradient_accumulation_steps": accumulation},
                       rl={"steps": 1, "prompts_per_step": GROUPS, "group_size": group_size,
                           "updates_per_batch": updates, "epochs_per_batch": epochs, "loss": "cispo"})
     return StageHarness(StageJob(stage="rl", home=str(home), run_name="accumulation", profile="test",
@@ -172,16 +172,42 @@ def test_accumulated_gradient_equals_the_full_minibatch_gradient(run):
                                        msg=lambda m, k=k, name=name: f"update {k}, {name}: {m}")
 
 
-@pytest.mark.parametrize("run", [0], ids=["zero0"], indirect=True)   # one engine is enough
-def test_accumulation_that_does_not_divide_an_update_is_refused(run, tmp_path):
-    engine = run["engine"]
-    odd = rl_harness(tmp_path, 0, group_size=3)              # 2 groups of 3: 3 responses per update
+# dynamic sampling kept fewer groups than the shape divides (issue #32, item 4): M1's group 16 over
+# 16 accumulation x 8 ranks needs whole multiples of 8 groups per update. Here: 3 groups of 3 in one
+# update over 2 micro-batches (9 responses: slices of 5 and 4), and 2 groups of 3 in two updates over
+# 4 micro-batches (3 responses each: the fourth slice has none and runs a stand-in at weight zero).
+@pytest.mark.parametrize(("groups", "group_size", "updates", "accumulation", "uneven", "zero_weight"),
+                         [(3, 3, 1, 2, 1, 0), (2, 3, 2, 4, 2, 2)], ids=["uneven-slices", "empty-slice"])
+def test_an_update_that_does_not_divide_is_one_exact_optimizer_step(tmp_path, groups, group_size, updates,
+                                                                     accumulation, uneven, zero_weight):
+    rows = groups * group_size
+    h = rl_harness(tmp_path, 0, group_size=group_size, updates=updates, accumulation=accumulation)
+    policy = tiny_policy()
+    reference = copy.deepcopy(policy)
+    engine = h.create_engine(policy)
+    real_steps = spy_on_real_steps(engine)
     tensors, _ = rollout_tensors()
-    tensors = {k: v[:6] for k, v in tensors.items()}
-    micro_steps = engine.micro_steps
-    with pytest.raises(ValueError, match="gradient_accumulation_steps=2"):
-        _update(odd, engine, tensors, group_advantages(torch.tensor([1.0, 0, 0, 0, 1, 1]), 3), EPS_HIGH)
-    assert engine.micro_steps == micro_steps                # refused before any backward
+    tensors = {k: v[:rows] for k, v in tensors.items()}
+    advantages = group_advantages(torch.tensor(REWARDS[:rows], dtype=torch.float32), group_size)
+    assert advantages.abs().sum() > 0
+    logged = _update(h, engine, tensors, advantages, EPS_HIGH)
+
+    assert engine.global_steps == updates and engine.micro_steps == updates * accumulation
+    assert (logged["uneven_updates"], logged["zero_weight_micro_batches"]) == (uneven, zero_weight)
+    with torch.no_grad():
+        old_logp = token_logprobs(reference, tensors["input_ids"], tensors["attention_mask"], tensors["labels"])[0]
+    minibatches = _minibatches(groups, group_size, updates)
+    assert len(real_steps) == updates and sorted(r for m in minibatches for r in m) == list(range(rows))
+    norms = []
+    for step, minibatch in zip(real_steps, minibatches):
+        _, full, norm = minibatch_loss_and_gradient(reference, step["weights"], minibatch, tensors, old_logp,
+                                                    advantages, group_size)
+        norms.append(norm)
+        assert norm > 0
+        for name, grad in full.items():   # the stand-in row adds nothing; the cut slices lose nothing
+            torch.testing.assert_close(step["grads"][name], grad, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+    assert logged["grad_norm"] == pytest.approx(sum(norms) / updates, rel=1e-5)
 
 
 def test_every_pass_over_the_batch_trains_against_the_sampling_policy(tmp_path):

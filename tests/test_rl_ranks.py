@@ -17,6 +17,7 @@ from tasks.train import checkpoint
 from tasks.train.config import TrainConfig
 from tasks.train.engine import run_launcher
 from tasks.train.harness import StageJob
+from tasks.train.rl import _minibatches
 from tasks.train.runner import execute_stage
 
 STEPS = 5
@@ -120,28 +121,52 @@ def m1_scaled_down(sft_job) -> TrainConfig:
     rl.curriculum = [rl.curriculum[0]]                     # its first phase (math, logic, code)
     rl.genrm.judge.rollout = RolloutConfig(backend="local", model="tiny-llama", n=1, max_tokens=4,
                                            repetition_window=None)
-    rl.repetition_window, rl.dynamic_sampling, rl.max_sampling_rounds = None, False, 1
+    # dynamic sampling on (M1's), one round: a dropped group is a shortfall the update must absorb
+    rl.repetition_window, rl.dynamic_sampling, rl.max_sampling_rounds = None, True, 1
     rl.rollout_engine = rl.rollout_engine.model_copy(update={"device": "cpu", "dtype": "float32", "threads": 1,
                                                               "batch_size": 64, "startup_timeout_s": 180})
+    # M1's proportions: its 16 x 8 micro-batches take 8 groups of 16 per update, these 4 x 2 take 2 of
+    # 4, so an update left with one group (dynamic sampling's shortfall) has slices with no response
     engine = m1.engine.model_copy(update={"num_ranks": 2, "launcher": "torchrun", "accelerator": "cpu",
-                                          "precision": "fp32", "micro_batch_size": 4,
-                                          "gradient_accumulation_steps": 2, "threads_per_rank": 1})
+                                          "precision": "fp32", "micro_batch_size": 1,
+                                          "gradient_accumulation_steps": 4, "threads_per_rank": 1})
     assert engine.zero_stage == 3 and rl.loss == "cispo" and rl.rollout_engine.kind == "serve-model"
     return TrainConfig(seed=0, base_model=sft_job.train_config.base_model, engine=engine, rl=rl,
                        optimizer=m1.optimizer.model_copy(update={"lr": 1e-3}))
 
 
 def test_the_m1_rl_stage_runs_in_its_shape_scaled_down(wh):
+    """With dynamic sampling on, an update that keeps fewer groups than its micro-batches divide
+    (issue #32, item 4: m1 crashed there) is still one optimizer step, and the step metrics say
+    how it was split."""
     sft_job = seeded_sft_job(wh, engine_config())
     cfg = m1_scaled_down(sft_job)
     job = StageJob(stage="rl", home=str(wh.home), run_name="m1-shape", profile="m1", init_model=sft_job.init_model,
-                   data_ref=str(wh.latest("rl_prompts")), config=cfg.model_dump(), fingerprint="m1-shape")
+                   data_ref=str(wh.latest("rl_prompts")), config=cfg.model_dump(), fingerprint="m1-shape",
+                   # the ranks are other processes: the reward that makes groups drop is named, not passed
+                   extra={"reward_fn": f"{Path(__file__).parent / 'rl_shortfall_reward.py'}:parity_except_web_of_lies"})
     result = execute_stage(job, timeout_s=600)
     assert result["world_size"] == 2 and checkpoint.is_done(job.stage_path)
     curve = checkpoint.StepLog(job.stage_path, enabled=False).records()
     assert [r["step"] for r in curve] == [0, 1, 2] and all(r["policy_staleness"] == 0.0 for r in curve)
+    short = [r for r in curve if r["groups_shortfall"] > 0 and r["groups_kept"] > 0]
+    assert short, [(r["groups_kept"], r["groups_shortfall"]) for r in curve]
+    parts, versions, updates_so_far = 4 * 2, {}, 0
+    for r in curve:
+        kept = int(r["groups_kept"])
+        assert kept + r["groups_shortfall"] == cfg.rl.prompts_per_step
+        versions[r["step"]] = updates_so_far
+        minibatches = _minibatches(kept, cfg.rl.group_size, cfg.rl.updates_per_batch) if kept else []
+        updates_so_far += len(minibatches)
+        if kept:   # what the split had to do, from the responses each update held
+            assert r["uneven_updates"] == sum(len(m) % parts != 0 for m in minibatches)
+            assert r["zero_weight_micro_batches"] == sum(max(0, parts - len(m)) for m in minibatches)
+    assert any(r["zero_weight_micro_batches"] > 0 or r["uneven_updates"] > 0 for r in short)
     rollouts = wh.read("rl_rollouts").filter(pl.col("train_run") == "m1-shape")
-    assert sorted(rollouts["policy_version"].unique()) == [0, 2, 4] and set(rollouts["backend"]) == {"serve-model"}
+    # every update was one optimizer step: the engine's weights are that many steps on at each step
+    by_step = rollouts.group_by("step").agg(pl.col("policy_version").unique()).sort("step")
+    assert dict(zip(by_step["step"], by_step["policy_version"].to_list())) == {s: [v] for s, v in versions.items()}
+    assert set(rollouts["backend"]) == {"serve-model"}
 
 
 def _two_rank_profile(tmp_path) -> str:

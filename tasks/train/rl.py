@@ -15,6 +15,8 @@ in the stage summary for the flow to act on.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import math
 from collections.abc import Callable
 
@@ -126,6 +128,8 @@ def _sample_groups(h: StageHarness, sampler, pool: list[dict], curriculum: Curri
         "generation_perplexity": math.exp(-sum(sampled_logps) / len(sampled_logps)) if sampled_logps else float("nan"),
         "truncated_fraction": truncated / n,
         "groups_kept": float(kept.num_groups),
+        # dynamic sampling's shortfall: the update trains on fewer groups (see ``_micro_batches``)
+        "groups_shortfall": float(cfg.prompts_per_step - kept.num_groups),
         "groups_sampled": float(len(seen)),
         **counters.metrics(),
     }
@@ -183,19 +187,42 @@ def _minibatches(num_groups: int, group_size: int, updates: int) -> list[list[in
 
 
 def _micro_batches(rows: list[int], accumulation: int) -> list[list[int]]:
-    """This rank's micro-batches of a minibatch: the minibatch in ``accumulation`` x ranks equal
-    slices, of which each rank takes ``accumulation`` consecutive ones; DeepSpeed steps after
-    exactly that many backwards on every rank."""
+    """This rank's micro-batches of a minibatch: the minibatch in ``accumulation`` x ranks slices
+    whose sizes differ by at most one response, of which each rank takes ``accumulation``
+    consecutive ones; DeepSpeed steps after exactly that many backwards on every rank.
+
+    Dynamic sampling may keep fewer groups than asked for, so an update's responses need not
+    divide evenly (M1's group 16 over 16 x 8 slices takes whole multiples of 8 groups): slices
+    then differ by one response, which costs nothing in exactness, because each micro-batch's
+    loss is the minibatch's loss with the other rows held constant. A slice left with no
+    response at all (fewer responses than slices) is an empty list: its rank still runs one
+    forward and backward there, of a stand-in row at weight zero, so every rank takes its
+    ``accumulation`` backwards and ZeRO-3 gathers the weights in step with the other ranks.
+    The step metrics say how often either happened (``split_accounting``).
+    """
+    sizes = _slice_sizes(len(rows), accumulation * world_size())
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    mine = range(rank() * accumulation, (rank() + 1) * accumulation)
+    return [rows[starts[i]:starts[i] + sizes[i]] for i in mine]
+
+
+def _slice_sizes(n_rows: int, parts: int) -> list[int]:
+    """``n_rows`` in ``parts`` consecutive slices, the first ``n_rows % parts`` one row larger."""
+    base, extra = divmod(n_rows, parts)
+    return [base + (i < extra) for i in range(parts)]
+
+
+# the row an empty micro-batch's behaviour pass runs and discards (any row of the batch will do)
+_STAND_IN = 0
+
+
+def split_accounting(plan_rows: list[list[int]], accumulation: int) -> dict[str, float]:
+    """What splitting the step's updates into micro-batches had to do, over every rank:
+    ``uneven_updates`` (updates whose responses do not split into accumulation x ranks equal
+    micro-batches) and ``zero_weight_micro_batches`` (slices with no response of their own)."""
     parts = accumulation * world_size()
-    if len(rows) % parts:
-        raise ValueError(
-            f"an RL update of {len(rows)} responses does not split into gradient_accumulation_steps="
-            f"{accumulation} x {world_size()} rank(s) = {parts} equal micro-batches: each update must be exactly "
-            f"one optimizer step, so choose group_size (or prompts_per_step / updates_per_batch) to make every "
-            f"update's responses a multiple of that")
-    size = len(rows) // parts
-    mine = rows[rank() * accumulation * size:(rank() + 1) * accumulation * size]
-    return [mine[i:i + size] for i in range(0, len(mine), size)]
+    return {"uneven_updates": float(sum(len(rows) % parts != 0 for rows in plan_rows)),
+            "zero_weight_micro_batches": float(sum(max(0, parts - len(rows)) for rows in plan_rows))}
 
 
 def _policy_logprobs(module, tensors: dict, rows: list[int], prefix_shared: bool) -> SharedLogprobs:
@@ -210,13 +237,14 @@ def _behaviour_logprobs(module, tensors: dict, micro_batches: list[list[int]],
                         prefix_shared: bool) -> tuple[torch.Tensor, int]:
     """Log-probs of the sampling policy, in the training pass's micro-batches (its memory, its
     shapes), and the prompt tokens sharing saved. Each rank scores its own micro-batches; the
-    sum over ranks fills in every row."""
+    sum over ranks fills in every row (an empty micro-batch runs its stand-in and keeps nothing)."""
     old, saved = torch.zeros_like(tensors["mask"]), 0
     with torch.no_grad():
         for rows in micro_batches:
-            out = _policy_logprobs(module, tensors, rows, prefix_shared)
-            old[torch.tensor(rows)] = out.logp
-            saved += out.tokens_saved
+            out = _policy_logprobs(module, tensors, rows or [_STAND_IN], prefix_shared)
+            if rows:
+                old[torch.tensor(rows)] = out.logp
+                saved += out.tokens_saved
     return sum_across_ranks(old), saved
 
 
@@ -240,18 +268,23 @@ def _minibatch_step(engine, cfg, tensors: dict, rows: list[int], micro_batches: 
                            group_size=cfg.group_size, cispo_variant=cfg.cispo_variant)
 
     logp_change, entropy_seen, norm, saved = torch.zeros_like(old), torch.zeros_like(old), None, 0
+    own = max(1, sum(1 for micro in micro_batches if micro))
     for k, micro in enumerate(micro_batches):
-        at = torch.tensor([position[r] for r in micro])
-        logp, entropy, aux, tokens_saved, _ = _policy_logprobs(engine.module, tensors, micro, cfg.prefix_shared)
-        saved += tokens_saved
+        # an empty micro-batch still runs a forward and a backward (of a stand-in row, at weight zero)
+        at = torch.tensor([position[r] for r in micro or [rows[0]]])
+        logp, entropy, aux, tokens_saved, _ = _policy_logprobs(engine.module, tensors, micro or [rows[0]],
+                                                               cfg.prefix_shared)
         loss, _ = loss_of(old.index_put((at,), logp))
         if k == len(micro_batches) - 1 and not engine.is_gradient_accumulation_boundary():
             raise RuntimeError(f"DeepSpeed's accumulation boundary is not at the end of this update "
                                f"(micro step {engine.micro_steps}, accumulation "
                                f"{engine.gradient_accumulation_steps()}): updates would mix minibatches")
-        # the balance loss is per forward: its mean over the micro-batches (and ranks)
-        norm = backward_and_step(engine, loss * world_size() + aux / len(micro_batches), prescaled=True)
-        logp_change[at], entropy_seen[at] = logp.detach() - old[at], entropy.detach()
+        # the balance loss is per forward: its mean over this rank's own micro-batches (and the ranks)
+        step_loss = loss * world_size() + aux / own
+        norm = backward_and_step(engine, step_loss if micro else step_loss * 0.0, prescaled=True)
+        if micro:
+            saved += tokens_saved
+            logp_change[at], entropy_seen[at] = logp.detach() - old[at], entropy.detach()
     logp_seen = old + sum_across_ranks(logp_change)
     loss, stats = loss_of(logp_seen)
     stats.update(loss=loss.item(), entropy=masked_mean(sum_across_ranks(entropy_seen), mask).item(),
@@ -273,7 +306,6 @@ def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, ep
     """
     cfg = h.stage_cfg
     accumulation = engine.gradient_accumulation_steps()
-    # split first: a minibatch the accumulation count does not divide fails before any step
     plan = [(rows, _micro_batches(rows, accumulation))
             for rows in _minibatches(advantages.numel() // cfg.group_size, cfg.group_size, cfg.updates_per_batch)]
     old_logp, saved = _behaviour_logprobs(engine.module, tensors, [m for _, micro in plan for m in micro],
@@ -282,7 +314,8 @@ def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, ep
     # M1 traced RL failures to a training/inference log-prob gap (LM head precision): keep it
     # visible (with stale rollouts it also holds the drift of the updates since they were sampled)
     sums: dict[str, float] = {
-        "train_infer_logprob_gap": masked_mean((old_logp - tensors["sampler_logp"]).abs(), tensors["mask"]).item()}
+        "train_infer_logprob_gap": masked_mean((old_logp - tensors["sampler_logp"]).abs(), tensors["mask"]).item(),
+        **split_accounting([rows for rows, _ in plan], accumulation)}
     if stale:
         old_logp = tensors["sampler_logp"] * tensors["mask"]
     passes = [(epoch, rows, micro) for epoch in range(cfg.epochs_per_batch) for rows, micro in plan]
@@ -364,12 +397,30 @@ def make_rewarder(h: StageHarness, pool: list[dict], reward_fn: RewardFn | None,
                         verify_workers=h.stage_cfg.verify_workers)
 
 
+def job_reward_fn(h: StageHarness) -> RewardFn | None:
+    """The custom reward the job names in ``extra["reward_fn"]`` ("package.module:function", or
+    "path/to/file.py:function"), so a stage its launcher starts in other processes can take one
+    as ``train_rl``'s caller can (ablations, tests); None when it names none."""
+    spec = (h.job.extra or {}).get("reward_fn")
+    if not spec:
+        return None
+    where, _, name = str(spec).rpartition(":")
+    if where.endswith(".py"):
+        loader = importlib.util.spec_from_file_location(f"posttrain_reward_{abs(hash(where))}", where)
+        module = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    return getattr(module, name)
+
+
 def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: JudgeFactory | None = None) -> dict:
-    """Train the RL stage; ``reward_fn`` replaces the domain rewards, ``judge_backend`` the configured judge."""
+    """Train the RL stage; ``reward_fn`` (else the job's, ``job_reward_fn``) replaces the domain
+    rewards, ``judge_backend`` the configured judge."""
     cfg = h.stage_cfg
     model, tokenizer = h.load_policy()
     pool = load_pool(h)
-    rewarder = make_rewarder(h, pool, reward_fn, judge_backend)
+    rewarder = make_rewarder(h, pool, reward_fn or job_reward_fn(h), judge_backend)
     curriculum = Curriculum(cfg.curriculum, [r["domain"] for r in pool], h.cfg.seed)
     schedule = LengthSchedule(cfg.windows, cfg.gates)
     engine = h.create_engine(model, gradient_clipping=schedule.window.gradient_clipping)
