@@ -166,13 +166,13 @@ def rollout_rows(pid, table, domain, samples, params, backend, run_id) -> list[d
     rows = []
     for index, sample in enumerate(samples):
         c = sample.completion
-        logprob_sum = float(sum(c.logprobs)) if c.logprobs else None
+        logprob_sum, logprob_mean = c.logprob_summary()
         rows.append({
             "rollout_id": f"{pid}:{index}:{run_id}",
             "prompt_id": pid, "source_table": table, "domain": domain, "sample_index": index,
             "text": c.text, "token_ids": list(c.token_ids), "num_tokens": len(c.token_ids),
             "logprob_sum": logprob_sum,
-            "logprob_mean": logprob_sum / len(c.logprobs) if c.logprobs else None,
+            "logprob_mean": logprob_mean,
             "finish_reason": c.finish_reason, "truncated": c.truncated, "reward": float(sample.reward),
             "verify_error": sample.error, "backend": backend.name,
             "model": getattr(backend, "model_name", backend.name),

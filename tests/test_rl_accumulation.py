@@ -235,3 +235,28 @@ def test_every_pass_over_the_batch_trains_against_the_sampling_policy(tmp_path):
     for step, truth in zip(real_steps, (first_grad, second_grad)):
         for name, grad in truth.items():
             torch.testing.assert_close(step["grads"][name], grad, rtol=1e-5, atol=1e-5)
+
+
+def test_stale_rollouts_with_unknown_sampler_logprobs_keep_the_trainers_there(tmp_path):
+    """Rollouts from weights some updates behind train against the sampler's log-probs; a token
+    whose log-prob the sampler left out (an OpenAI server's null, issue #32 item 8) takes the
+    trainer's instead of 0 (probability 1), and the train/inference gap counts known tokens only.
+    The known ones here are the trainer's own, so the one update is exactly on-policy."""
+    h = rl_harness(tmp_path, 0, updates=1)
+    policy = tiny_policy()
+    reference = copy.deepcopy(policy)
+    engine = h.create_engine(policy)
+    tensors, advantages = rollout_tensors()
+    with torch.no_grad():
+        old_logp = token_logprobs(reference, tensors["input_ids"], tensors["attention_mask"], tensors["labels"])[0]
+    mask = tensors["mask"]
+    unknown = torch.zeros_like(mask)
+    unknown.view(-1)[::3] = 1.0
+    known = mask * (1 - unknown)
+    assert 0 < known.sum() < mask.sum()
+    tensors["sampler_logp"] = old_logp * known          # an unknown token's slot holds 0, as the stage fills it
+    tensors["sampler_logp_known"] = known
+    logged = _update(h, engine, tensors, advantages, EPS_HIGH, stale=True)
+    assert logged["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and logged["clip_fraction"] == 0.0, logged
+    assert logged["approx_kl"] == pytest.approx(0.0, abs=1e-7)
+    assert logged["train_infer_logprob_gap"] == pytest.approx(0.0, abs=1e-5)

@@ -167,6 +167,11 @@ def test_the_m1_rl_stage_runs_in_its_shape_scaled_down(wh):
     by_step = rollouts.group_by("step").agg(pl.col("policy_version").unique()).sort("step")
     assert dict(zip(by_step["step"], by_step["policy_version"].to_list())) == {s: [v] for s, v in versions.items()}
     assert set(rollouts["backend"]) == {"serve-model"}
+    # each rollout names the weights that sampled it, as the models table names the stage's model
+    # (issue #32, item 8: every row said the stage's initial model)
+    labels = rollouts.select("model", "policy_version").unique()
+    assert labels.height == len(set(versions.values())) > 1
+    assert all(model == f"m1-shape/rl@update{v}" for model, v in labels.iter_rows())
 
 
 def _two_rank_profile(tmp_path) -> str:

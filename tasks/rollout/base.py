@@ -29,8 +29,9 @@ class Completion:
     text: str
     token_ids: list[int] = field(default_factory=list)
     # log-probability of each sampled token under the sampling distribution, when the
-    # backend reports it; None otherwise.
-    logprobs: list[float] | None = None
+    # backend reports it; None otherwise. A token whose log-prob the backend left out (an
+    # OpenAI-compatible server's ``null``) is None in the list: unknown, never probability 1.
+    logprobs: list[float | None] | None = None
     # "stop" (EOS or stop string), "length" (max_tokens), "repetition" (early truncation)
     finish_reason: str = "stop"
     # the version of the weights that sampled it, when the backend reports one (a trainer-fed
@@ -40,6 +41,15 @@ class Completion:
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "repetition"
+
+    def logprob_summary(self) -> tuple[float | None, float | None]:
+        """(sum, mean) of the sampled tokens' log-probs; (None, None) when the backend reported
+        none or left any token's out (a partial sum would pass for a likelier sample)."""
+        lp = self.logprobs
+        if not lp or any(x is None for x in lp):
+            return None, None
+        total = float(sum(lp))
+        return total, total / len(lp)
 
 
 @runtime_checkable

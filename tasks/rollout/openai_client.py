@@ -102,7 +102,8 @@ class OpenAIBackend:
         completion = Completion(
             text=choice.get("text", ""),
             token_ids=list(choice.get("token_ids") or []),
-            logprobs=[float(x) if x is not None else 0.0 for x in token_logprobs] if token_logprobs else None,
+            # a null log-prob stays unknown (None): 0.0 would claim probability 1
+            logprobs=[float(x) if x is not None else None for x in token_logprobs] if token_logprobs else None,
             finish_reason=finish if finish in ("stop", "length", "repetition") else "stop",
         )
         if params.repetition_window and completion.logprobs and token_texts:

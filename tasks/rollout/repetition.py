@@ -17,17 +17,21 @@ import torch
 from tasks.rollout.base import Completion
 
 
-def repetition_cut(logprobs: Sequence[float], window: int, prob: float) -> int | None:
+def repetition_cut(logprobs: Sequence[float | None], window: int, prob: float) -> int | None:
     """Number of tokens to keep, or None when no run of ``window`` confident tokens exists.
 
     The kept prefix ends with the token that completed the run, which is the same token at
-    which the streaming tracker stops generating.
+    which the streaming tracker stops generating. An unknown log-prob (None: a server left it
+    out) is skipped: no evidence either way, it neither counts towards a run nor ends one, so
+    only tokens known to be confident can cut a sample.
     """
     if window < 1:
         raise ValueError(f"repetition window must be >= 1, got {window}")
     threshold = math.log(prob)
     run = 0
     for position, logprob in enumerate(logprobs):
+        if logprob is None:
+            continue
         run = run + 1 if logprob > threshold else 0
         if run >= window:
             return position + 1

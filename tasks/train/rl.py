@@ -112,8 +112,8 @@ def _sample_groups(h: StageHarness, sampler, pool: list[dict], curriculum: Curri
             all_rewards.extend(rewards)
             all_lengths.extend(len(c.token_ids) for c in completions)
             truncated += sum(c.truncated for c in completions)
-            for c in completions:
-                sampled_logps.extend(c.logprobs or [])
+            for c in completions:   # the tokens whose log-prob the sampler reported
+                sampled_logps.extend(x for x in c.logprobs or [] if x is not None)
             informative = informative_groups(torch.tensor(rewards), cfg.group_size).item()
             if (informative or not cfg.dynamic_sampling) and kept.num_groups < cfg.prompts_per_step:
                 kept.add_group(row, completions, rewards)
@@ -161,12 +161,15 @@ def _training_tensors(batch: RolloutBatch, tokenizer, prompt_cache: dict[str, li
         prompt_lengths.append(len(ids))
     tensors = pad_batch(seqs, prompt_lengths, pad)
     tensors["mask"] = (tensors["labels"][:, 1:] != IGNORE_INDEX).float()
-    # the sampler's own log-prob of each response token, aligned with the trainer's
-    sampler = torch.zeros_like(tensors["mask"])
+    # the sampler's own log-prob of each response token, aligned with the trainer's, and where it
+    # is known (a backend may report none, or leave a token's out)
+    sampler, known = torch.zeros_like(tensors["mask"]), torch.zeros_like(tensors["mask"])
     for row, (completion, n_prompt) in enumerate(zip(batch.completions, prompt_lengths)):
         if completion.logprobs:
-            sampler[row, n_prompt - 1: n_prompt - 1 + len(completion.logprobs)] = torch.tensor(completion.logprobs)
-    tensors["sampler_logp"] = sampler
+            at = slice(n_prompt - 1, n_prompt - 1 + len(completion.logprobs))
+            sampler[row, at] = torch.tensor([x if x is not None else 0.0 for x in completion.logprobs])
+            known[row, at] = torch.tensor([float(x is not None) for x in completion.logprobs])
+    tensors["sampler_logp"], tensors["sampler_logp_known"] = sampler, known * tensors["mask"]
     return tensors
 
 
@@ -313,11 +316,12 @@ def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, ep
     saved = float(sum_across_ranks(torch.tensor(float(saved))))
     # M1 traced RL failures to a training/inference log-prob gap (LM head precision): keep it
     # visible (with stale rollouts it also holds the drift of the updates since they were sampled)
+    known = tensors.get("sampler_logp_known", tensors["mask"])
     sums: dict[str, float] = {
-        "train_infer_logprob_gap": masked_mean((old_logp - tensors["sampler_logp"]).abs(), tensors["mask"]).item(),
+        "train_infer_logprob_gap": masked_mean((old_logp - tensors["sampler_logp"]).abs(), known).item(),
         **split_accounting([rows for rows, _ in plan], accumulation)}
-    if stale:
-        old_logp = tensors["sampler_logp"] * tensors["mask"]
+    if stale:   # a token whose sampler log-prob is unknown keeps the trainer's, the nearest there is
+        old_logp = torch.where(known > 0, tensors["sampler_logp"], old_logp) * tensors["mask"]
     passes = [(epoch, rows, micro) for epoch in range(cfg.epochs_per_batch) for rows, micro in plan]
     for epoch, rows, micro_batches in passes:
         stats = _minibatch_step(engine, cfg, tensors, rows, micro_batches, old_logp, advantages, eps_high)
@@ -335,19 +339,28 @@ def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, ep
     return sums
 
 
+def sampling_model(job, policy_version: int) -> str:
+    """The weights that sampled a rollout, named as the ``models`` table names this stage's model
+    (``model_id``, ``<run>/<stage>``) at the optimizer update that made them:
+    ``<run>/<stage>@update<N>``, N the rollout's ``policy_version`` (``@update0``: the stage's
+    initial model, ``models.init_model`` of that model_id)."""
+    return f"{job.run_name}/{job.stage}@update{int(policy_version)}"
+
+
 def _rollout_rows(h: StageHarness, step: int, seen: list, sampler) -> list[dict]:
     cfg = h.stage_cfg
     out = []
     for row, completions, scored, round_ in seen:
         for i, (c, sample) in enumerate(zip(completions, scored)):
-            lp = c.logprobs or []
+            logprob_sum, logprob_mean = c.logprob_summary()
             out.append({
                 "rollout_id": f"rl:{h.job.run_name}:{step}:{round_}:{row['prompt_id']}:{i}",
                 "prompt_id": row["prompt_id"], "source_table": "rl_prompts", "domain": row["domain"],
                 "sample_index": i, "text": c.text, "token_ids": list(c.token_ids), "num_tokens": len(c.token_ids),
-                "logprob_sum": float(sum(lp)) if lp else None, "logprob_mean": float(sum(lp) / len(lp)) if lp else None,
+                "logprob_sum": logprob_sum, "logprob_mean": logprob_mean,
                 "finish_reason": c.finish_reason, "truncated": c.truncated, "reward": float(sample.reward),
-                "backend": sampler.name, "model": h.job.init_model, "temperature": cfg.temperature, "top_p": cfg.top_p,
+                "backend": sampler.name, "model": sampling_model(h.job, c.policy_version),
+                "temperature": cfg.temperature, "top_p": cfg.top_p,
                 "seed": h.cfg.seed, "run_id": h.job.mlflow_run_id, "train_run": h.job.run_name, "step": step,
                 "policy_version": c.policy_version, "staleness": sampler.trainer_version - c.policy_version})
     return out
