@@ -67,10 +67,23 @@ def build_data_task(home: str, cfg: dict, base_model: str, tables: list[str],
     return refs
 
 
+# tables a recipe reads while it trains, besides its training table: pinned in its job when it starts
+RUNTIME_READS = {"rl": ("references", "judge_calibrations")}
+
+
+def runtime_sources(wh: Warehouse, stage: str, sources: dict[str, TableRef] | None) -> dict[str, str | None]:
+    """The snapshots the stage reads while it trains: those handed over in ``sources``, else each
+    table's newest now (None: it does not exist, and the stage reads none)."""
+    return {t: (str(r) if (r := wh.pinned(t, sources)) is not None else None)
+            for t in RUNTIME_READS.get(train_stage(stage).recipe, ())}
+
+
 @task(name="train-stage")
 def train_stage_task(stage: str, home: str, profile: str, run_name: str, init_model: str, ref: TableRef,
-                     cfg: dict, config_hash: str, parent_run_id: str | None, resume: bool = True) -> dict:
-    """Train one stage in its own MLflow child run and register the resulting model."""
+                     cfg: dict, config_hash: str, parent_run_id: str | None, resume: bool = True,
+                     sources: dict[str, TableRef] | None = None) -> dict:
+    """Train one stage in its own MLflow child run and register the resulting model; what it reads
+    while it trains is pinned to ``sources`` (the pipeline's hand-over) where they hold it."""
     wh, conf = Warehouse(home), TrainConfig(**cfg)
     params = {"stage": stage, "run_name": run_name, "init_model": init_model, "data": str(ref),
               "stage_config": conf.stage(stage).model_dump(), "engine": conf.engine_for(stage).model_dump(),
@@ -79,9 +92,10 @@ def train_stage_task(stage: str, home: str, profile: str, run_name: str, init_mo
                               tags={"posttrain.profile": profile, "posttrain.train_run": run_name}) as run_id:
         tracking.log_table(ref, context="input")
         fingerprint = _digest(config_hash, stage, ref.content_hash, _model_identity(init_model))
+        reads = runtime_sources(wh, stage, sources)
         job = StageJob(stage=stage, home=home, run_name=run_name, profile=profile, init_model=init_model,
                        data_ref=ref, config=cfg, fingerprint=fingerprint, mlflow_run_id=run_id,
-                       tracking_uri=tracking.mlflow.get_tracking_uri())
+                       tracking_uri=tracking.mlflow.get_tracking_uri(), extra={"sources": reads} if reads else {})
         if _stage_rows(wh, ref, stage) == 0:
             # e.g. no example is long enough for a long stage: nothing to learn, the model goes on as is
             flow_logger().warning("train %s: no rows of %s fall in this stage's range; the model passes "
@@ -229,7 +243,7 @@ def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str]
                                  "(ingest, curate or synthesize data first)")
             report_progress(f"train.{stage}", "start")
             res = train_stage_task(stage, home_str, ctx.profile.name, name, init_model, data_refs[table],
-                                   cfg.model_dump(), config_hash, ctx.run_id, resume)
+                                   cfg.model_dump(), config_hash, ctx.run_id, resume, sources)
             log.info("train %s: %s steps in %.1fs, final loss %s%s", stage, res.get("steps"), res.get("seconds", 0),
                      res.get("final_loss"), " (already done)" if res.get("skipped") else "")
             # a reused stage's length-bias events were handled when it ran

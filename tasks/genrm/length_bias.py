@@ -257,11 +257,12 @@ def fit_length_correction(rewards, lengths, correct) -> LengthCorrection:
 CALIBRATIONS_TABLE = "judge_calibrations"
 
 
-def latest_length_correction(wh, judge_model: str | None) -> LengthCorrection | None:
-    """The newest recalibration for ``judge_model`` (rows naming no judge apply to any judge)."""
+def latest_length_correction(wh, judge_model: str | None, snapshot: str | None = None) -> LengthCorrection | None:
+    """The newest recalibration for ``judge_model`` (rows naming no judge apply to any judge), as
+    of the table's ``snapshot`` (default: its newest)."""
     if not wh.exists(CALIBRATIONS_TABLE):
         return None
-    df = wh.read(CALIBRATIONS_TABLE)
+    df = wh.read(CALIBRATIONS_TABLE, snapshot)
     if "judge_model" in df.columns and judge_model is not None:
         df = df.filter(df["judge_model"].is_null() | (df["judge_model"] == judge_model))
     # the table is only appended to: the last row is the newest

@@ -361,8 +361,10 @@ def run_references(wh: Warehouse, cfg: ReferencesConfig, judge_backend: Any,
     return report
 
 
-def current_references(wh: Warehouse) -> pl.DataFrame:
-    """The latest reference per prompt (``references`` is appended to by every run)."""
-    df = wh.read("references", default_empty=True).with_row_index("_order")
+def current_references(wh: Warehouse, snapshot: str | None = None) -> pl.DataFrame:
+    """The latest reference per prompt (``references`` is appended to by every run), as of
+    ``snapshot`` (default: the newest)."""
+    df = (wh.read("references", snapshot) if snapshot else wh.read("references", default_empty=True)) \
+        .with_row_index("_order")
     return df.group_by("prompt_id", maintain_order=True).agg(pl.all().sort_by("_order").last()) \
         .drop("_order").sort("prompt_id")

@@ -37,7 +37,7 @@ from tasks.rollout.base import RolloutBackend
 from tasks.rollout.chat import render_prompt
 from tasks.verify.math import MathVerifyTimeout, math_equal
 from tasks.verify.passk import pass_at_k
-from tasks.verify.registry import verify
+from tasks.verify.registry import verify_with_error
 from warehouse import TableRef, Warehouse
 
 log = logging.getLogger("posttrain.genrm.validation")
@@ -382,20 +382,25 @@ def best_of_n_gap(judge: GenRMJudge, prompts: pl.DataFrame, backend: RolloutBack
             rng.shuffle(cands)
     requests = [GradeRequest(r["prompt"], str(r["answer"]), text) for r, cands in zip(rows, candidates) for text in cands]
     decisions = iter(judge.grade(requests))
-    bon_hits, pass_hits = 0, 0
+    bon_hits, pass_hits, errors = 0, 0, []
     for r, cands in zip(rows, candidates):
         graded = [next(decisions) for _ in cands]
-        # through the registry: a candidate the verifier cannot settle in time scores 0, not a crash
-        correct = [verify("math", {"id": r["id"], "answer": str(r["answer"])}, text) >= 1.0 for text in cands]
+        # through the registry: a candidate the verifier cannot settle (in time) is not right, and
+        # is counted as the verifier's error rather than passing for a wrong answer
+        verdicts = [verify_with_error("math", {"id": r["id"], "answer": str(r["answer"])}, text) for text in cands]
+        correct = [score >= 1.0 for score, _ in verdicts]
+        errors += [f"{r['id']}: {error}" for _, error in verdicts if error]
         bon_hits += correct[best_of_n_choice([d.reward for d in graded], rng)]
         pass_hits += pass_at_k(len(cands), sum(correct), len(cands))
         for i, d in enumerate(graded):
             result.judgments += judgment_rows(d.samples, run_id=run_id, context="bon", kind="grade",
                                               prompt_id=str(r["id"]), match_id=None, first_id=f"bon:{i}",
                                               second_id=None, judge_model=judge.model_name)
+    if errors:
+        log.warning("BoN check: the verifier could not score %d candidate(s); first: %s", len(errors), errors[0])
     result.metrics = {"bon_accuracy": bon_hits / len(rows), "pass_at_n": pass_hits / len(rows),
                       "bon_gap": (pass_hits - bon_hits) / len(rows), "bon_prompts": float(len(rows)),
-                      "bon_n": float(v.bon_n)}
+                      "bon_n": float(v.bon_n), "bon_verify_errors": float(len(errors))}
     return result
 
 

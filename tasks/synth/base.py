@@ -3,7 +3,8 @@
 A task has a name, a family, and an ordered tuple of difficulty levels (each level a typed,
 frozen parameter record, easiest first). ``generate(seed, level)`` builds one instance
 deterministically from ``(task name, seed, level)``; ``verify(instance, response)`` scores a
-model response in [0, 1] and never raises.
+model response in [0, 1] and never raises; ``verify_strict`` raises ``TaskVerifyError`` where
+that 0 is the verifier's failure rather than the response's.
 
 Determinism: the random generator is seeded from a SHA-256 of the triple, never from
 Python's salted ``hash()``, so the same (seed, level) gives the same instance anywhere.
@@ -30,6 +31,11 @@ PROMPT_TEMPLATE = "{question}\n\n{instruction}"
 
 class TaskError(ValueError):
     """A task was asked for something it cannot produce (unknown level, bad parameters)."""
+
+
+class TaskVerifyError(TaskError):
+    """The verifier, not the response, failed: ``check`` raised, and it does not accept the
+    instance's own gold answer either (a broken instance or checker)."""
 
 
 def stable_int(*parts: Any, bits: int = 63) -> int:
@@ -172,15 +178,38 @@ class SynthTask(ABC):
         return extract_answer(response)
 
     def verify(self, instance: TaskInstance, response: Any) -> float:
-        """Score of ``response`` in [0, 1]; 0 for anything unparsable. Never raises."""
+        """Score of ``response`` in [0, 1]; 0 for anything unparsable or unscorable. Never raises
+        (``verify_strict`` tells a verifier's failure from a wrong answer; callers that count
+        errors use it, through ``tasks.verify.registry.verify_with_error``)."""
+        try:
+            return self.verify_strict(instance, response)
+        except TaskVerifyError:
+            return 0.0
+
+    def verify_strict(self, instance: TaskInstance, response: Any) -> float:
+        """Score of ``response`` in [0, 1]; 0 for garbage a model wrote (``check`` may raise on it).
+        Raises ``TaskVerifyError`` when the verifier itself failed: ``check`` raised and does not
+        accept the instance's own gold answer either, so its 0 would pass for a wrong answer."""
         try:
             answer = self.extract(response)
             if answer is None:
                 return 0.0
             score = float(self.check(instance, answer))
-        except Exception:  # noqa: BLE001 - a verifier must survive any garbage a model writes
+        except Exception as e:  # a verifier must survive any garbage a model writes
+            problem = self.gold_problem(instance)
+            if problem is not None:
+                raise TaskVerifyError(f"task {self.name!r}: check failed ({type(e).__name__}: {e}) "
+                                      f"and {problem}") from e
             return 0.0
         return 0.0 if math.isnan(score) else min(1.0, max(0.0, score))
+
+    def gold_problem(self, instance: TaskInstance) -> str | None:
+        """Why ``check`` cannot score this instance (None: it accepts the instance's gold answer)."""
+        try:
+            gold = float(self.check(instance, str(instance.answer).strip()))
+        except Exception as e:  # noqa: BLE001 - any failure on the gold is the verifier's
+            return f"fails on the instance's own gold answer too ({type(e).__name__}: {e})"
+        return None if gold >= 1.0 else f"scores the instance's own gold answer {gold:g}"
 
     def perturbations(self, instance: TaskInstance, rng: random.Random) -> list[str]:
         """Answers that are certainly wrong, to prove the verifier rejects them.
@@ -205,4 +234,5 @@ class SynthTask(ABC):
 
     @abstractmethod
     def check(self, instance: TaskInstance, answer: str) -> float:
-        """Score an extracted answer; may raise on garbage (``verify`` turns that into 0)."""
+        """Score an extracted answer; may raise on garbage (``verify`` turns that into 0, and
+        ``verify_strict`` too unless the gold answer fails the same way)."""

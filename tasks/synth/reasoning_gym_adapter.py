@@ -86,17 +86,18 @@ class ReasoningGymTask(SynthTask):
                 "rg_metadata": _json_safe(entry.get("metadata", {}))}
         return entry["question"], "" if answer is None else str(answer), meta
 
-    def verify(self, instance: TaskInstance, response: Any) -> float:
+    def verify_strict(self, instance: TaskInstance, response: Any) -> float:
         """``score_answer`` on the tagged answer; where the response tags none and the gold is one
         number, on the response's last number (lm-eval's flexible extract: a small model answers
-        "1 + 4 = 5" without the tags, and reasoning-gym's own scorer still decides)."""
-        strict = super().verify(instance, response)
+        "1 + 4 = 5" without the tags, and reasoning-gym's own scorer still decides). ``verify``
+        (never raising) goes through here too."""
+        strict = super().verify_strict(instance, response)
         if strict > 0 or not isinstance(response, str) or extract_answer(response) is not None:
             return strict
         if not _NUMBER.fullmatch(instance.answer.strip()):
             return strict
         numbers = _NUMBER.findall(response.replace(",", ""))
-        return super().verify(instance, f"<answer>{numbers[-1]}</answer>") if numbers else strict
+        return super().verify_strict(instance, f"<answer>{numbers[-1]}</answer>") if numbers else strict
 
     def check(self, instance: TaskInstance, answer: str) -> float:
         entry = self.entry(instance.level, instance.metadata["rg_seed"])

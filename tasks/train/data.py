@@ -33,7 +33,7 @@ from tasks.genrm.config import OPEN_DOMAINS
 from tasks.rollout.chat import render_prompt, tokenizer_chat
 from tasks.train.config import TrainConfig
 from tasks.train.judge_data import JUDGE_DOMAIN
-from tasks.verify.registry import verify
+from tasks.verify.registry import verify_with_error
 from warehouse import TableRef, Warehouse
 from warehouse.store import frame_digest
 
@@ -126,19 +126,30 @@ def stage_of_length(num_tokens: int, ranges: dict[str, tuple[int, int]]) -> str 
 @dataclass
 class BuildReport:
     """Counts of a builder: rows seen, kept, dropped by reason, and kept rows by kind (where
-    their response came from: teacher, gold fallback, sampled or perturbed rejected side)."""
+    their response came from: teacher, gold fallback, sampled or perturbed rejected side).
+
+    A builder that filters curated rows (``rl_prompts``) also lists each removed row as a
+    ``decisions`` row (``remove``); ``build_table`` appends them when the builder ran."""
     seen: int = 0
     kept: int = 0
     dropped: dict[str, int] | None = None
     kinds: dict[str, int] | None = None
+    decisions: list[dict] | None = None
 
     def drop(self, reason: str) -> None:
         self.dropped = self.dropped or {}
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
-    def tally(self, kind: str) -> None:
+    def remove(self, row_id: str, stage: str, reason: str, reference_id: str | None = None) -> None:
+        """``drop`` a row, and keep it as a ``decisions`` row of ``stage`` with its reason."""
+        self.drop(reason)
+        self.decisions = self.decisions or []
+        self.decisions.append({"row_id": str(row_id), "stage": stage, "decision": "removed", "reason": reason,
+                               "reference_id": reference_id, "score": None})
+
+    def tally(self, kind: str, count: int = 1) -> None:
         self.kinds = self.kinds or {}
-        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+        self.kinds[kind] = self.kinds.get(kind, 0) + count
 
     def counters(self) -> dict[str, float]:
         out = {"seen": float(self.seen), "kept": float(self.kept)}
@@ -274,17 +285,22 @@ def sft_source_rows(src: Sources, cfg: TrainConfig, report: BuildReport | None =
         elif report is not None:
             report.drop("no_teacher_sample" if not fallback else "no_gold_answer")
     if cfg.data.judge_in_sft:  # the policy learns the GenRM judge's jobs too
-        rows += judge_rows(src, cfg, [])
+        rows += judge_rows(src, cfg, [], report)
     return rows, refs
 
 
-def judge_rows(src: Sources, cfg: TrainConfig, refs: list[TableRef]) -> list[dict]:
+def judge_rows(src: Sources, cfg: TrainConfig, refs: list[TableRef], report: BuildReport | None = None) -> list[dict]:
     """The GenRM judge's examples on SFT-side synthetic instances (every one, not capped like
-    the policy's own answer rows)."""
-    from tasks.train.judge_data import judge_sft_rows, open_pair_rows
+    the policy's own answer rows). ``report`` gets what became of the instances
+    (``judge_instances_*``, ``judge_tasks_without_examples``; ``judge_data.JudgeAccount``)."""
+    from tasks.train.judge_data import JudgeAccount, judge_sft_rows, open_pair_rows
 
+    account = JudgeAccount()
     rows = judge_sft_rows(synthetic_side(src, "sft", None, refs), cfg.data.judge_examples_per_task, cfg.seed,
-                          cfg.data.judge_pairwise_share, cfg.data.judge_max_chars)
+                          cfg.data.judge_pairwise_share, cfg.data.judge_max_chars, account)
+    if report is not None:
+        for kind, count in account.counters().items():
+            report.tally(kind, count)
     if cfg.data.judge_open_pairs:
         pool, ref = src.read(POOL_TABLES["sft"])
         if ref is not None:
@@ -317,14 +333,20 @@ def build_sft_data(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFr
         report.seen += count
         for _ in range(count):
             report.drop(reason)
+    for kind, count in (unmatched.kinds or {}).items():   # the judge examples' instances
+        report.tally(kind, count)
     return frame, refs, report
 
 
 def build_judge_data(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
     """The ``judge_data`` frame: the judge stage's examples (none unless the profile asks)."""
     refs: list[TableRef] = []
-    rows = judge_rows(src, cfg, refs) if cfg.data.judge_examples_per_task else []
-    return _sft_frame(rows, refs, src.table, cfg, tokenizer)
+    instances = BuildReport()
+    rows = judge_rows(src, cfg, refs, instances) if cfg.data.judge_examples_per_task else []
+    frame, refs, report = _sft_frame(rows, refs, src.table, cfg, tokenizer)
+    for kind, count in (instances.kinds or {}).items():
+        report.tally(kind, count)
+    return frame, refs, report
 
 
 def _sft_frame(rows: list[dict], refs: list[TableRef], table: str, cfg: TrainConfig,
@@ -384,23 +406,31 @@ def _rejected_candidates(rollouts: pl.DataFrame) -> dict[str, str]:
     return out
 
 
-def _perturbed_negative(row: dict, seed: int) -> str | None:
-    """A certainly-wrong answer from the synthetic task's own perturbations, checked by its verifier."""
+def _perturbed_negative(row: dict, seed: int) -> tuple[str | None, str | None]:
+    """(a certainly-wrong answer from the synthetic task's own perturbations, checked by its
+    verifier, None) or (None, why there is none): ``not_synthetic``, ``no_perturbation`` (the
+    task offers none: reasoning-gym's ``score_answer`` decides what is wrong), ``all_accepted``,
+    ``verify_error`` (the verifier failed on the instance: its 0 is no proof of a wrong answer) or
+    ``task_error`` (the task or its instance could not be rebuilt)."""
     if row.get("_table") != "synthetic_tasks":
-        return None
+        return None, "not_synthetic"
+    from tasks.synth.base import TaskVerifyError
     from tasks.synth.registry import get_task
     from tasks.verify.registry import synth_instance
 
     try:
         task = get_task(row["task"])
         instance = synth_instance(row)
-        for wrong in task.perturbations(instance, random.Random(seed)):
+        perturbations = task.perturbations(instance, random.Random(seed))
+        for wrong in perturbations:
             response = f"<answer>{wrong}</answer>"
-            if task.verify(instance, response) < 1.0:
-                return response
-    except Exception:  # noqa: BLE001 - a task that cannot perturb just yields no pair
-        return None
-    return None
+            if task.verify_strict(instance, response) < 1.0:
+                return response, None
+    except TaskVerifyError:
+        return None, "verify_error"
+    except Exception:  # noqa: BLE001 - a task that cannot be rebuilt yields no pair, counted
+        return None, "task_error"
+    return None, "all_accepted" if perturbations else "no_perturbation"
 
 
 def build_dpo_pairs(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
@@ -420,14 +450,16 @@ def build_dpo_pairs(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataF
             continue
         domain = row.get("domain") or "general"
         checkable = cfg.data.verify_chosen and domain in ("math", "logic")
-        if checkable and verify(domain, row, good) < 1.0:
-            report.drop("chosen_not_verified")
-            continue
-        bad, bad_source = rejected.get(pid), "rollout_wrong"
+        if checkable:
+            score, error = verify_with_error(domain, row, good)
+            if score < 1.0:   # a verifier that failed is counted apart from a chosen side it rejected
+                report.drop("chosen_verify_error" if error else "chosen_not_verified")
+                continue
+        bad, bad_source, why = rejected.get(pid), "rollout_wrong", None
         if bad is None and cfg.data.dpo_perturbed_negatives:
-            bad, bad_source = _perturbed_negative(row, cfg.seed), "perturbed"
+            (bad, why), bad_source = _perturbed_negative(row, cfg.seed), "perturbed"
         if bad is None:
-            report.drop("no_rejected")
+            report.drop(f"no_rejected_{why}" if why else "no_rejected")
             continue
         longest = max(len(encode_example(tokenizer, row["prompt"], text, domain)[0]) for text in (good, bad))
         stage = stage_of_length(longest, ranges)
@@ -448,6 +480,9 @@ def build_dpo_pairs(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataF
 
 # --------------------------------------------------------------------------- RL
 
+
+# the ``decisions.stage`` of an RL-side row the rl_prompts builder leaves out
+RL_PROMPTS_STAGE = "train.rl_prompts"
 
 RL_VERIFIER_FIELDS = ("answer", "solution", "tests", "entry_point", "task", "level", "seed", "question",
                       "metadata")
@@ -484,19 +519,20 @@ def build_rl_prompts(src: Sources, cfg: TrainConfig) -> tuple[pl.DataFrame, list
         decision = decisions.get(pid)
         undecided_ok = decision is None and not cfg.data.rl_requires_difficulty
         if decision not in ("keep", "unscored") and not undecided_ok:
-            report.drop(f"difficulty_{decision or 'missing'}")
+            report.remove(pid, RL_PROMPTS_STAGE, f"difficulty_{decision or 'missing'}",
+                          str(dref) if dref is not None and decision is not None else None)
             continue
         task = row.get("task") if row["_table"] == "synthetic_tasks" else None
         if task is not None and cap is not None:
             taken = per_task.get(task, 0)
             if taken >= cap:
-                report.drop("over_synthetic_per_task")
+                report.remove(pid, RL_PROMPTS_STAGE, "over_synthetic_per_task", f"task:{task}")
                 continue
             per_task[task] = taken + 1
         rows.append(_rl_row(row, row["_table"], "difficulty_keep" if decision is not None else row["_table"]))
     if cfg.rl.max_prompts is not None and len(rows) > cfg.rl.max_prompts:
-        for _ in rows[cfg.rl.max_prompts:]:
-            report.drop("over_max_prompts")
+        for r in rows[cfg.rl.max_prompts:]:
+            report.remove(r["prompt_id"], RL_PROMPTS_STAGE, "over_max_prompts")
         rows = rows[: cfg.rl.max_prompts]
     report.kept = len(rows)
     return (pl.DataFrame(rows) if rows else pl.DataFrame()), refs, report
@@ -554,9 +590,23 @@ def build_table(wh: Warehouse, name: str, cfg: TrainConfig, tokenizer,
     if latest is not None and _snapshot_note(wh, latest).get("build_key") == key:
         return latest, None
     frame, parents, report = BUILDERS[name](src, cfg, tokenizer)
-    if frame.is_empty():
-        return None, report
-    return write_if_changed(wh, name, frame, parents, note=json.dumps({"build_key": key})), report
+    ref = None if frame.is_empty() else write_if_changed(wh, name, frame, parents,
+                                                         note=json.dumps({"build_key": key}))
+    if report.decisions:
+        _record_decisions(wh, name, report.decisions, parents)
+    return ref, report
+
+
+def _record_decisions(wh: Warehouse, name: str, decisions: list[dict], parents: list[TableRef]) -> None:
+    """Append the rows a build of ``name`` left out to ``decisions``, once: their ``run_id`` is a
+    digest of them, so a rebuild that leaves out the same rows for the same reasons (new settings,
+    the same table) records nothing again."""
+    build = f"{name}:{_stable_id(name, json.dumps(decisions, sort_keys=True, default=str))}"
+    if wh.exists("decisions") and wh.scan("decisions").filter(pl.col("run_id") == build).head(1).collect().height:
+        return
+    rows = [{**d, "run_id": build} for d in decisions]
+    wh.append("decisions", get_spec("decisions").conform(pl.DataFrame(rows, infer_schema_length=None)),
+              parents=_unique_refs(parents), note=f"{name} build")
 
 
 def _snapshot_note(wh: Warehouse, ref: TableRef) -> dict:

@@ -143,8 +143,10 @@ class DomainReward:
     ``custom`` replaces the verifier reward (tests, ablations); correctness then still
     comes from the verifiers, so the monitor holds the same thing fixed.
     ``home``: the warehouse whose newest ``judge_calibrations`` row for this judge corrects
-    the GenRM rewards (re-read when the table gains a snapshot); ``calibration`` sets the
-    correction directly instead (it is replaced by the table's when both are given).
+    the GenRM rewards (re-read when the table gains a snapshot), unless ``pin_calibrations``
+    fixed the snapshot read (the RL stage reads the one it was handed, or none when it was
+    handed none, never a newer one another run wrote); ``calibration`` sets the correction
+    directly (it is replaced by the table's when both are given).
     """
     cfg: GenRMRewardConfig
     references: dict[str, str] = field(default_factory=dict)
@@ -161,6 +163,7 @@ class DomainReward:
     verify_workers: int = 1
     _backend: RolloutBackend | None = field(default=None, init=False, repr=False)
     _calibration_snapshot: str | None = field(default=None, init=False, repr=False)
+    _calibrations_pin: tuple[Any] | None = field(default=None, init=False, repr=False)   # (TableRef | None,)
     _warehouse: Any = field(default=None, init=False, repr=False)
 
     @property
@@ -174,16 +177,21 @@ class DomainReward:
         from warehouse import Warehouse
 
         wh = self._warehouse = self._warehouse or Warehouse(self.home)
-        latest = wh.latest(CALIBRATIONS_TABLE)
+        latest = self._calibrations_pin[0] if self._calibrations_pin else wh.latest(CALIBRATIONS_TABLE)
         snapshot = latest.snapshot if latest is not None else None
         if snapshot != self._calibration_snapshot:
             self._calibration_snapshot = snapshot
-            found = latest_length_correction(wh, self.judge_model)
+            found = latest_length_correction(wh, self.judge_model, snapshot) if snapshot else None
             self.calibration = found or self.calibration
             if found is not None:
                 log.info("GenRM rewards of judge %s: length correction slope %.4f (judge_calibrations@%s)",
                          self.judge_model, found.slope, snapshot)
         return self.calibration
+
+    def pin_calibrations(self, ref) -> None:
+        """Read ``judge_calibrations`` at ``ref`` (a TableRef; None: no calibration) from now on,
+        whatever snapshots the table gains (a recalibration this stage asks for moves the pin)."""
+        self._calibrations_pin = (ref,)
 
     def event_context(self) -> dict:
         """What a length-bias event needs for its recalibration: whose rewards, already corrected how."""

@@ -27,19 +27,83 @@ even number); grade and pairwise examples come from different instances.
 Rows are shaped like every other ``sft_data`` source row, with ``domain = "judge"``,
 ``source_table = "synthetic_tasks"`` and ``source_id`` the instance the item came from;
 their prompt *contains* the instance's prompt instead of equalling it.
+
+Nothing is skipped unseen: a ``JudgeAccount`` says what became of every instance offered (used,
+skipped with its reason, or left over once its task had its examples) and names the tasks that
+gave no example at all (a reasoning-gym task, whose ``score_answer`` alone says what is wrong,
+offers no perturbation to be the wrong answer).
 """
 from __future__ import annotations
 
+import logging
 import random
+from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from tasks.genrm.config import JudgeConfig
 from tasks.genrm.prompts import pairwise_prompt
-from tasks.genrm.synthetic import grade_text, judge_grades, judge_pair, judge_response, verdict_text
+from tasks.genrm.synthetic import (
+    answer_text,
+    grade_text,
+    judge_grades,
+    judge_pair,
+    judge_response,
+    verdict_text,
+)
+
+log = logging.getLogger("posttrain.train.judge_data")
 
 JUDGE_DOMAIN = "judge"
 # candidates and question are shown whole: tiny prompts are far below the default cut
 DEFAULT_MAX_CHARS = JudgeConfig().max_response_chars
+
+
+@dataclass
+class JudgeAccount:
+    """What became of the synthetic instances offered to the judge builder: ``used`` (they gave
+    examples), ``skipped`` by reason, ``unused`` (their task had its examples before they were
+    reached); and the tasks that gave none. offered = used + skipped + unused."""
+    offered: int = 0
+    used: int = 0
+    unused: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    tasks_without_examples: list[str] = field(default_factory=list)
+
+    def counters(self) -> dict[str, int]:
+        out = {"judge_instances_offered": self.offered, "judge_instances_used": self.used,
+               "judge_instances_unused": self.unused,
+               "judge_tasks_without_examples": len(self.tasks_without_examples)}
+        out.update({f"judge_instances_skipped_{reason}": n for reason, n in sorted(self.skipped.items())})
+        return out
+
+
+class _NoItem(Exception):
+    """An instance that yields no judge item, and why."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _why_no_item(task, instance) -> str:
+    """Why ``judge_grades`` / ``judge_pair`` made nothing of an instance: its verifier failed on
+    it (``verify_error``), it rejects the gold (``gold_not_verified``), the task offers no
+    perturbation to be the wrong answer (``no_perturbation``: reasoning-gym), or none it offers
+    was a wrong answer the verifier rejects (``no_wrong_answer``). Drawn with a generator of its
+    own: the builder's draws stay as they are."""
+    from tasks.synth.base import TaskVerifyError
+
+    try:
+        if task.verify_strict(instance, answer_text(instance.answer)) < 1.0:
+            return "gold_not_verified"
+    except TaskVerifyError:
+        return "verify_error"
+    try:
+        offered = task.perturbations(instance, random.Random(0))
+    except Exception:  # noqa: BLE001 - a task that cannot perturb this instance offers none
+        offered = []
+    return "no_wrong_answer" if offered else "no_perturbation"
 
 
 def _task_instances(rows: dict[str, dict]) -> dict[str, list[dict]]:
@@ -51,24 +115,31 @@ def _task_instances(rows: dict[str, dict]) -> dict[str, list[dict]]:
 
 
 def _take(candidates: Iterator[dict], wanted: int, max_chars: int,
-          make: Callable[[object, int], list[dict]]) -> list[dict]:
+          make: Callable[[object, int], list[dict]], account: JudgeAccount) -> list[dict]:
     """Examples from instances in turn until ``wanted``; ``make(instance, made_so_far)`` gives an
-    instance's examples (none when it yields no valid item). An instance pulled is an instance used.
+    instance's examples (raising ``_NoItem`` when it yields no valid item). An instance pulled is
+    an instance used, or skipped with its reason in ``account``.
 
-    An instance whose question is longer than ``max_chars`` is skipped: the judge's prompt
-    would cut it, teaching a verdict on a problem it cannot see whole (and the audit would
-    rightly find a training prompt that no longer contains its instance).
+    An instance whose question is longer than ``max_chars`` is skipped (``too_long``): the
+    judge's prompt would cut it, teaching a verdict on a problem it cannot see whole (and the
+    audit would rightly find a training prompt that no longer contains its instance).
     """
     from tasks.verify.registry import synth_instance
 
     out: list[dict] = []
     for r in candidates if wanted > 0 else ():
         if len(str(r.get("prompt") or "")) > max_chars:
+            account.skipped["too_long"] += 1
             continue
         try:
             made = make(synth_instance(r), len(out))
-        except Exception:  # noqa: BLE001, S112 - a row that cannot be rebuilt is skipped
+        except _NoItem as why:
+            account.skipped[why.reason] += 1
             continue
+        except Exception:  # noqa: BLE001 - a row that cannot be rebuilt is skipped, counted
+            account.skipped["not_rebuilt"] += 1
+            continue
+        account.used += 1
         out += [{"source_id": r["_id"], **ex} for ex in made]
         if len(out) >= wanted:
             break
@@ -76,48 +147,62 @@ def _take(candidates: Iterator[dict], wanted: int, max_chars: int,
 
 
 def _grade_examples(task, candidates: Iterator[dict], wanted: int, rng: random.Random,
-                    max_chars: int) -> list[dict]:
+                    max_chars: int, account: JudgeAccount) -> list[dict]:
     """``wanted`` grade examples, two per instance (consistent, then inconsistent)."""
     def make(instance, _made: int) -> list[dict]:
         items = judge_grades(task, instance, rng)
-        if items is None:
-            return []  # both grades or neither: the balance is what makes the verdict a comparison
+        if items is None:  # both grades or neither: the balance is what makes the verdict a comparison
+            raise _NoItem(_why_no_item(task, instance))
         return [{"prompt": item.prompt(max_chars), "response": grade_text(bool(item.label))} for item in items]
-    return _take(candidates, wanted, max_chars, make)
+    return _take(candidates, wanted, max_chars, make, account)
 
 
 def _pairwise_examples(task, candidates: Iterator[dict], wanted: int, rng: random.Random,
-                       max_chars: int) -> list[dict]:
+                       max_chars: int, account: JudgeAccount) -> list[dict]:
     """``wanted`` pairwise examples, the gold's slot alternating."""
     def make(instance, made: int) -> list[dict]:
         pair = judge_pair(task, instance, gold_second=made % 2 == 1, rng=rng)
-        return [] if pair is None else [{"prompt": pair.prompt(max_chars),
-                                         "response": judge_response(pair.gold, pair.label)}]
-    return _take(candidates, wanted, max_chars, make)
+        if pair is None:
+            raise _NoItem(_why_no_item(task, instance))
+        return [{"prompt": pair.prompt(max_chars), "response": judge_response(pair.gold, pair.label)}]
+    return _take(candidates, wanted, max_chars, make, account)
 
 
 def judge_sft_rows(rows: dict[str, dict], per_task: int, seed: int, pairwise_share: float = 0.0,
-                   max_chars: int = DEFAULT_MAX_CHARS) -> list[dict]:
-    """Up to ``per_task`` judge examples per synthetic task from side rows (``side_rows``)."""
+                   max_chars: int = DEFAULT_MAX_CHARS, account: JudgeAccount | None = None) -> list[dict]:
+    """Up to ``per_task`` judge examples per synthetic task from side rows (``side_rows``);
+    ``account`` (when given) gets what became of every instance, and the tasks that gave none."""
     if per_task <= 0:
         return []
     from tasks.synth.registry import get_task
 
+    account = account if account is not None else JudgeAccount()
     out: list[dict] = []
     for name, instances in sorted(_task_instances(rows).items()):
+        account.offered += len(instances)
         try:
             task = get_task(name)
-        except Exception:  # noqa: BLE001, S112 - an unknown task just yields no judge examples
+        except Exception:  # noqa: BLE001 - an unknown task yields no judge examples, counted
+            account.skipped["unknown_task"] += len(instances)
+            account.tasks_without_examples.append(name)
             continue
+        before = account.used + sum(account.skipped.values())
         candidates = sorted(instances, key=lambda r: r["_id"])
         rng = random.Random(f"judge:{seed}:{name}")
         rng.shuffle(candidates)
         pending = iter(candidates)  # shared: grade and pairwise examples use different instances
         n_grade = 2 * (round(per_task * (1.0 - pairwise_share)) // 2)  # whole consistent/inconsistent pairs
-        examples = _grade_examples(task, pending, n_grade, rng, max_chars)
-        examples += _pairwise_examples(task, pending, per_task - n_grade, rng, max_chars)
+        examples = _grade_examples(task, pending, n_grade, rng, max_chars, account)
+        examples += _pairwise_examples(task, pending, per_task - n_grade, rng, max_chars, account)
+        account.unused += len(instances) - (account.used + sum(account.skipped.values()) - before)
+        if not examples:
+            account.tasks_without_examples.append(name)
         out += [{"source_table": "synthetic_tasks", "domain": JUDGE_DOMAIN, "response_source": "judge", **ex}
                 for ex in examples]
+    if account.tasks_without_examples:
+        log.warning("judge examples: %d task(s) gave none: %s (instances skipped by reason: %s)",
+                    len(account.tasks_without_examples), ", ".join(account.tasks_without_examples),
+                    dict(account.skipped))
     return out
 
 

@@ -52,7 +52,7 @@ from tasks.train.genrm_reward import DomainReward, RewardCounters, RewardFn, ref
 from tasks.train.harness import StageHarness
 from tasks.train.length_schedule import LengthSchedule
 from tasks.train.rollout_engine import make_sampler
-from warehouse import Warehouse
+from warehouse import TableRef, Warehouse
 
 JudgeFactory = Callable[[], RolloutBackend]
 
@@ -396,18 +396,39 @@ def judge_backend_factory(rollout: RolloutConfig, home: str) -> JudgeFactory:
     return build
 
 
+# the tables the RL stage reads while it trains, besides its rl_prompts snapshot
+RUNTIME_READS = ("references", "judge_calibrations")
+
+
+def handed_ref(h: StageHarness, table: str) -> TableRef | None:
+    """The snapshot of ``table`` the stage was handed (``extra["sources"]``, pinned by the train
+    flow when it made the job: a table it lacked then is pinned as absent), else its newest now."""
+    sources = (h.job.extra or {}).get("sources")
+    if sources is None:
+        return Warehouse(h.job.home).latest(table)
+    handed = sources.get(table)
+    return TableRef.parse(handed) if handed else None
+
+
 def make_rewarder(h: StageHarness, pool: list[dict], reward_fn: RewardFn | None,
                   judge_backend: JudgeFactory | None) -> DomainReward:
-    """The step's reward: ``reward_fn`` for every sample when given, else verifiers + GenRM by domain."""
+    """The step's reward: ``reward_fn`` for every sample when given, else verifiers + GenRM by domain.
+
+    References and the judge's length calibration come from the snapshots the stage was handed
+    (``handed_ref``), not from whatever is newest while it trains."""
     cfg = h.stage_cfg.genrm
     references: dict[str, str] = {}
     if cfg.enabled and reward_fn is None and any(r["domain"] in cfg.domains for r in pool):
-        references = references_by_prompt(current_references(Warehouse(h.job.home)),
-                                          {r["prompt_id"] for r in pool})
-    return DomainReward(cfg, references, judge_backend or judge_backend_factory(cfg.judge.rollout, h.job.home),
-                        seed=h.cfg.seed, custom=reward_fn, run_id=h.job.mlflow_run_id,
-                        rollout_prefix=f"rl:{h.job.run_name}", home=h.job.home,
-                        verify_workers=h.stage_cfg.verify_workers)
+        ref = handed_ref(h, "references")
+        if ref is not None:
+            references = references_by_prompt(current_references(Warehouse(h.job.home), ref.snapshot),
+                                              {r["prompt_id"] for r in pool})
+    rewarder = DomainReward(cfg, references, judge_backend or judge_backend_factory(cfg.judge.rollout, h.job.home),
+                            seed=h.cfg.seed, custom=reward_fn, run_id=h.job.mlflow_run_id,
+                            rollout_prefix=f"rl:{h.job.run_name}", home=h.job.home,
+                            verify_workers=h.stage_cfg.verify_workers)
+    rewarder.pin_calibrations(handed_ref(h, "judge_calibrations"))
+    return rewarder
 
 
 def job_reward_fn(h: StageHarness) -> RewardFn | None:

@@ -73,7 +73,8 @@ def _logic(row: dict, response: str, limits: SandboxLimits | None) -> float:
     if name:
         from tasks.synth.registry import get_task
 
-        return float(get_task(name).verify(synth_instance(row), response))
+        # strict: a task whose checker fails on this instance raises (a counted error), not a silent 0
+        return float(get_task(name).verify_strict(synth_instance(row), response))
     # A logic row with a plain gold answer (e.g. ingested puzzles): compare final answers.
     if not row.get("answer"):
         raise VerifyError(f"row {row.get('id')!r}: logic row has neither a task nor an 'answer'")
