@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
 
-from tasks.synth.base import LevelParams, SynthTask, TaskError, TaskInstance, extract_answer
+from tasks.synth.base import (
+    LevelParams,
+    SynthTask,
+    TaskError,
+    TaskInstance,
+    TaskVerifyError,
+    extract_answer,
+)
 
 PREFIX = "rg:"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -92,12 +99,10 @@ class ReasoningGymTask(SynthTask):
         "1 + 4 = 5" without the tags, and reasoning-gym's own scorer still decides). ``verify``
         (never raising) goes through here too."""
         strict = super().verify_strict(instance, response)
-        if strict > 0 or not isinstance(response, str) or extract_answer(response) is not None:
+        if strict > 0 or extract_answer(response) is not None:
             return strict
-        if not _NUMBER.fullmatch(instance.answer.strip()):
-            return strict
-        numbers = _NUMBER.findall(response.replace(",", ""))
-        return super().verify_strict(instance, f"<answer>{numbers[-1]}</answer>") if numbers else strict
+        last = last_number_answer(response, instance.answer)
+        return super().verify_strict(instance, f"<answer>{last}</answer>") if last is not None else strict
 
     def check(self, instance: TaskInstance, answer: str) -> float:
         entry = self.entry(instance.level, instance.metadata["rg_seed"])
@@ -106,6 +111,52 @@ class ReasoningGymTask(SynthTask):
 
     def perturbations(self, instance: TaskInstance, rng: random.Random) -> list[str]:
         return []   # what counts as wrong is score_answer's call, not ours
+
+
+def last_number_answer(response: Any, gold: str) -> str | None:
+    """The response's last number, when the gold answer is one number (else None)."""
+    if not isinstance(response, str) or not _NUMBER.fullmatch(str(gold).strip()):
+        return None
+    numbers = _NUMBER.findall(response.replace(",", ""))
+    return numbers[-1] if numbers else None
+
+
+def score_ingested(meta: dict[str, Any], response: Any) -> float:
+    """An ingested reasoning-gym prompt (``tasks/sources.py`` rows: ``rg_dataset``, ``rg_seed``,
+    ``rg_size``, ``rg_index`` in metadata), scored by its dataset's own ``score_answer`` on the
+    response's answer (the tagged one, else a ``\\boxed{}``, else the last number when the gold is
+    a number), as a synthesized ``rg:`` instance is: a valid answer other than the stored one
+    (another expression reaching a countdown target) scores as reasoning-gym scores it.
+
+    Raises ``TaskVerifyError`` when the row cannot be rebuilt (unknown dataset, index out of
+    range) or the scorer fails on the dataset's own answer."""
+    from tasks.verify.math import extract_final_answer
+
+    try:
+        dataset = _ingested_dataset(str(meta["rg_dataset"]), int(meta["rg_seed"]), int(meta["rg_size"]))
+        entry = dataset[int(meta["rg_index"])]
+    except Exception as e:  # broken metadata: the row cannot be scored, said so
+        raise TaskVerifyError(f"reasoning-gym row {meta!r} cannot be rebuilt ({type(e).__name__}: {e})") from e
+    answer = extract_final_answer(response) if isinstance(response, str) else None
+    if answer is None:
+        answer = last_number_answer(response, "" if entry.get("answer") is None else str(entry["answer"]))
+    if answer is None:
+        return 0.0
+    try:
+        return float(dataset.score_answer(answer, entry))
+    except Exception as e:  # noqa: BLE001 - a scorer must survive garbage, unless it fails on its gold too
+        try:
+            dataset.score_answer(str(entry.get("answer")), entry)
+        except Exception as gold_error:  # noqa: BLE001
+            raise TaskVerifyError(f"reasoning-gym {meta['rg_dataset']!r}: score_answer failed ({e}) and fails "
+                                  f"on the dataset's own answer ({gold_error})") from e
+        return 0.0
+
+
+@lru_cache(maxsize=64)
+def _ingested_dataset(dataset: str, seed: int, size: int):
+    import reasoning_gym
+    return reasoning_gym.create_dataset(dataset, size=size, seed=seed)
 
 
 @lru_cache(maxsize=4096)

@@ -75,6 +75,12 @@ def _logic(row: dict, response: str, limits: SandboxLimits | None) -> float:
 
         # strict: a task whose checker fails on this instance raises (a counted error), not a silent 0
         return float(get_task(name).verify_strict(synth_instance(row), response))
+    meta = row_metadata(row)
+    if meta.get("rg_dataset"):
+        from tasks.synth.reasoning_gym_adapter import score_ingested
+
+        # an ingested reasoning-gym prompt: its dataset's score_answer decides, as for rg: tasks
+        return score_ingested(meta, response)
     # A logic row with a plain gold answer (e.g. ingested puzzles): compare final answers.
     if not row.get("answer"):
         raise VerifyError(f"row {row.get('id')!r}: logic row has neither a task nor an 'answer'")
