@@ -4,10 +4,12 @@ and the judge is validated (benchmark accuracy, Best-of-N vs pass@N) in the same
 ``recalibrate_flow`` answers the length-bias monitor: it fits a length correction on the
 window of RL rewards that tripped the monitor, checks that the correction removes the
 bias, re-measures the judge's benchmark accuracy and stores it all in
-``judge_calibrations``, whose newest row for a judge corrects the GenRM rewards of every
-later RL step (``tasks.train.genrm_reward.DomainReward``). The RL loop wires it in with
-
-    monitor = LengthBiasMonitor(cfg.length_bias, on_event=length_bias_trigger(profile, home))
+``judge_calibrations``, whose newest row for a judge corrects the GenRM rewards of later RL
+stages (``tasks.train.genrm_reward.DomainReward``). Within the RL stage that tripped it the
+correction is already in force from the next step: the stage applies the same fit itself
+(``tasks.genrm.length_bias.event_correction``; a task cannot start a flow), and the train
+flow runs this flow on each of the stage's events once it returns, to store and check it.
+Outside RL, ``length_bias_trigger`` wires it to a monitor directly.
 """
 from __future__ import annotations
 
@@ -27,8 +29,7 @@ from tasks.genrm.length_bias import (
     EVENT_TAG,
     STATISTICS,
     LengthBiasEvent,
-    LengthCorrection,
-    fit_length_correction,
+    event_correction,
 )
 from tasks.genrm.models import resolve_rollout
 from tasks.genrm.references import build_backends, run_references
@@ -110,10 +111,8 @@ def recalibrate_flow(event: dict, profile: str = "tiny", home: str | None = None
         cfg = ctx.profile.section(SECTION, ReferencesConfig)
         method = event.get("method") or cfg.length_bias.method
         rewards, lengths, correct = event["rewards"], event["lengths"], event["correct"]
-        fitted = fit_length_correction(rewards, lengths, correct)
-        base = event.get("base_calibration")
         # the window's rewards already carry the base correction: the fit is what is left of the bias
-        correction = fitted.on_top_of(LengthCorrection.from_mapping(base)) if base else fitted
+        fitted, correction = event_correction(event)
         after, _ = STATISTICS[method](fitted.apply(rewards, lengths, correct), lengths, correct,
                                       cfg.length_bias.min_group_size)
         accuracy = None

@@ -7,9 +7,11 @@ DeepSpeed JSON, plots, its data snapshot as a dataset input, the final weights),
 continues from its last checkpoint and a finished one is not trained again, as long as
 its config, data and initial model are unchanged.
 
-The RL stage returns the length-bias monitor's events (reward following response length
-at fixed correctness); with ``rl.length_bias.trigger_recalibration`` each one starts the
-references flow's ``recalibrate_flow`` once the stage is done.
+The RL stage watches for length bias (reward following response length at fixed
+correctness); with ``rl.length_bias.trigger_recalibration`` it corrects the GenRM rewards of
+its own later steps as soon as the monitor fires, and returns the events, on each of which
+this flow then runs the references flow's ``recalibrate_flow`` (the stored
+``judge_calibrations`` row, the judge re-measured) for the stages after it.
 
 The stages, the table each trains on and the model each starts from come from the stage
 registry (``data_specs.stages``). Only the training tables the chosen stages read are built,

@@ -5,7 +5,8 @@
     position switching and rule constraints flowing through to the reward;
 (b) the monitor fires inside the loop on a reward that pays length at fixed correctness,
     and the event reaches the stage summary and MLflow;
-(c) the train flow's event handler runs the real recalibration flow for such an event.
+(c) the stage corrects its own later GenRM rewards from the step after an event;
+(d) the train flow's event handler runs the real recalibration flow for such an event.
 """
 import json
 import re
@@ -20,7 +21,7 @@ from tasks.genrm.config import LengthBiasConfig
 from tasks.genrm.length_bias import EVENT_TAG
 from tasks.genrm.references import current_references
 from tasks.rollout.base import Completion
-from tasks.train.config import GenRMRewardConfig, TrainConfig
+from tasks.train.config import CurriculumPhase, GenRMRewardConfig, TrainConfig
 from tasks.train.genrm_reward import (
     DomainReward,
     RewardCounters,
@@ -248,3 +249,59 @@ def test_flow_handler_runs_the_recalibration_flow_for_each_event(home, wh):
     assert abs(calibrations["statistic_after"][0]) < 0.3
     run = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}").get_run(done[0]["mlflow_run_id"])
     assert run.data.tags[EVENT_TAG] == "recalibrated"
+
+
+class LengthLovingJudge(ScriptedJudgeBackend):
+    """Test fake of a length-biased judge: an answer longer (in characters) than the other
+    wins, else a tie, so at fixed correctness (no answer loses) the GenRM reward follows length."""
+
+    def verdict(self, prompt: str) -> str:
+        first, second = _ANSWERS.search(prompt).groups()
+        return f"[[{int(len(second) > len(first)) - int(len(first) > len(second))}]]"
+
+
+def test_a_length_bias_event_corrects_the_rewards_of_the_stages_next_steps(wh):
+    """Issue #32 item 5: the correction is in force from the step after the event, inside the
+    stage that tripped the monitor, and it is the one the recalibration flow stores."""
+    from tasks.genrm.length_bias import event_correction
+
+    cfg = rl_config(steps=6)
+    rl = cfg.rl.model_copy(update={
+        "curriculum": [CurriculumPhase(start_step=0, domains={"instruction": 1.0})],
+        # the untrained model samples tokens near 1/320 each: stopping at one above 0.0035
+        # ends responses at every length up to the window
+        "repetition_window": 1, "repetition_prob": 0.0035,
+        "length_bias": cfg.rl.length_bias.model_copy(update={"threshold": 0.2, "window_steps": 2, "min_group_size": 4})})
+    cfg = cfg.model_copy(update={"rl": rl})
+    sft_job = seeded_sft_job(wh, cfg)
+    rl_ref = add_instruction_prompts(wh, f"rl_prompts@{wh.latest('rl_prompts').snapshot}")
+    job = StageJob(stage="rl", home=str(wh.home), run_name="lengthy", profile="test", init_model=sft_job.init_model,
+                   data_ref=rl_ref, config=cfg.model_dump(), fingerprint="lengthy")
+    result = train_rl(StageHarness(job), judge_backend=LengthLovingJudge)
+
+    curve = StageHarness(job).steps.records()
+    events = result["length_bias_events"]
+    assert events, curve
+    first = events[0]
+    assert first["applied_from_step"] == first["rl_step"] + 1 < 6 and first["base_calibration"] is None
+    _, correction = event_correction(first)
+    before = [r for r in curve if r["step"] <= first["rl_step"]]
+    after = [r for r in curve if r["step"] > first["rl_step"]]
+    assert before and after
+    assert all(r["genrm_scored"] > 0 and r["genrm_length_corrected"] == 0 for r in before)
+    assert sum(r["genrm_length_corrected"] for r in after) > 0
+    assert all(r["genrm_length_correction_slope"] == pytest.approx(correction.slope) for r in after
+               if r["genrm_scored"])
+    assert abs(correction.slope) > 0.05   # a real correction, not a no-op
+
+
+def test_a_correction_the_stage_fitted_outlives_pinned_table_reads(wh):
+    from tasks.genrm.length_bias import LengthCorrection
+
+    reward = DomainReward(GenRMRewardConfig(), {}, home=str(wh.home))
+    reward.pin_calibrations(None)
+    assert reward.refresh_calibration() is None and reward.in_stage_correction() is None
+    mine = LengthCorrection(0.2, 2.0, 1.0, 40, (1.0,))
+    reward.use_correction(mine)
+    assert reward.refresh_calibration() == mine
+    assert LengthCorrection.from_mapping(reward.in_stage_correction()) == mine   # what a checkpoint keeps

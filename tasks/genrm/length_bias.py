@@ -254,6 +254,16 @@ def fit_length_correction(rewards, lengths, correct) -> LengthCorrection:
     return LengthCorrection(slope, mean, std, len(r), tuple(fitted))
 
 
+def event_correction(event: dict) -> tuple[LengthCorrection, LengthCorrection]:
+    """(fitted, in force) for a length-bias event (``LengthBiasEvent.as_dict()`` plus the
+    rewarder's ``base_calibration``): the fit on the window's rewards, and the correction to
+    apply from then on, the fit on top of the base one the window's rewards already carried.
+    The RL stage applies it from its next step; ``recalibrate_flow`` stores the same one."""
+    fitted = fit_length_correction(event["rewards"], event["lengths"], event["correct"])
+    base = event.get("base_calibration")
+    return fitted, (fitted.on_top_of(LengthCorrection.from_mapping(base)) if base else fitted)
+
+
 CALIBRATIONS_TABLE = "judge_calibrations"
 
 

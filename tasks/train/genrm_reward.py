@@ -17,9 +17,11 @@ and its correctness come from that one result. A row the verifier cannot score (
 metadata, unknown task, a crashing verifier) still scores 0, but is counted per domain
 (``verify_errors.<domain>``, ``verify_error_fraction``) and its first error is logged.
 
-The length-bias loop is closed here: the newest ``judge_calibrations`` row for the judge
-(written by ``flows.references.recalibrate_flow``) is subtracted from every model-judged
-GenRM reward, so a recalibration changes the rewards of the RL steps after it.
+The length-bias loop is closed here: the correction in force (the ``judge_calibrations`` row
+for the judge the stage was handed, written by ``flows.references.recalibrate_flow``) is
+subtracted from every model-judged GenRM reward; when the stage's own monitor fires,
+``recalibrate`` puts the fit on the event's window in force at once, so the RL steps after
+the event are corrected within the stage (the train flow stores the same correction after it).
 """
 from __future__ import annotations
 
@@ -30,7 +32,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tasks.genrm.judge import Constraints, GenRMJudge, PairRequest, constraints_from_metadata
-from tasks.genrm.length_bias import CALIBRATIONS_TABLE, LengthCorrection, latest_length_correction
+from tasks.genrm.length_bias import (
+    CALIBRATIONS_TABLE,
+    LengthCorrection,
+    event_correction,
+    latest_length_correction,
+)
 from tasks.genrm.references import judgment_rows
 from tasks.rollout.base import Completion, RolloutBackend
 from tasks.train.config import GenRMRewardConfig
@@ -165,6 +172,7 @@ class DomainReward:
     _calibration_snapshot: str | None = field(default=None, init=False, repr=False)
     _calibrations_pin: tuple[Any] | None = field(default=None, init=False, repr=False)   # (TableRef | None,)
     _warehouse: Any = field(default=None, init=False, repr=False)
+    _in_stage: bool = field(default=False, init=False, repr=False)   # a correction this stage fitted is in force
 
     @property
     def judge_model(self) -> str:
@@ -172,7 +180,7 @@ class DomainReward:
 
     def refresh_calibration(self) -> LengthCorrection | None:
         """The correction in force: the newest calibration for the judge, once per table snapshot."""
-        if self.home is None:
+        if self.home is None or self._in_stage:
             return self.calibration
         from warehouse import Warehouse
 
@@ -190,8 +198,26 @@ class DomainReward:
 
     def pin_calibrations(self, ref) -> None:
         """Read ``judge_calibrations`` at ``ref`` (a TableRef; None: no calibration) from now on,
-        whatever snapshots the table gains (a recalibration this stage asks for moves the pin)."""
+        whatever snapshots the table gains (a recalibration of this stage itself is put in force by
+        ``recalibrate``)."""
         self._calibrations_pin = (ref,)
+
+    def recalibrate(self, event: dict) -> LengthCorrection:
+        """Put in force the correction for a length-bias event of this stage (its window, with
+        ``event_context()`` taken before this call): the fit on top of the correction the
+        window's rewards carried. Table snapshots read later do not undo it."""
+        _, correction = event_correction(event)
+        self.use_correction(correction)
+        return correction
+
+    def use_correction(self, correction: LengthCorrection | None) -> None:
+        """The correction in force from now on (a resumed stage restores the one it had)."""
+        self.calibration = correction
+        self._in_stage = correction is not None
+
+    def in_stage_correction(self) -> dict | None:
+        """The correction this stage put in force (``recalibrate``), for its checkpoints."""
+        return self.calibration.as_dict() if self._in_stage and self.calibration is not None else None
 
     def event_context(self) -> dict:
         """What a length-bias event needs for its recalibration: whose rewards, already corrected how."""

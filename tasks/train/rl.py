@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import math
 from collections.abc import Callable
 
@@ -33,7 +34,7 @@ from model.losses import (
     policy_loss,
     response_logprobs,
 )
-from tasks.genrm.length_bias import LengthBiasMonitor
+from tasks.genrm.length_bias import LengthBiasMonitor, LengthCorrection
 from tasks.genrm.references import current_references
 from tasks.rollout.base import RolloutBackend, SamplingParams
 from tasks.rollout.config import RolloutConfig
@@ -53,6 +54,8 @@ from tasks.train.harness import StageHarness
 from tasks.train.length_schedule import LengthSchedule
 from tasks.train.rollout_engine import make_sampler
 from warehouse import TableRef, Warehouse
+
+log = logging.getLogger("posttrain.train.rl")
 
 JudgeFactory = Callable[[], RolloutBackend]
 
@@ -466,6 +469,8 @@ def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: 
     monitor = LengthBiasMonitor(cfg.length_bias, run_id=h.job.mlflow_run_id if h.is_rank0 else None)
     if state.get("length_bias"):
         monitor.load_state_dict(state["length_bias"])  # the statistic's window survives a resume
+        if state.get("length_correction"):   # and so does a correction the stage put in force
+            rewarder.use_correction(LengthCorrection.from_mapping(state["length_correction"]))
     else:
         monitor.step = start  # its step numbers follow the RL steps (1-based)
     # in process: the sampler shares the engine's module, so it samples from the updated weights
@@ -508,14 +513,23 @@ def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, cur
         if monitor.history[-1][1] is not None:
             metrics["length_bias_statistic"] = monitor.history[-1][1]
         if event is not None:
-            events.append({**event.as_dict(), "rl_step": step, **rewarder.event_context()})
+            record = {**event.as_dict(), "rl_step": step, **rewarder.event_context()}
+            if cfg.length_bias.trigger_recalibration and rewarder.custom is None:
+                # in force from the next step; the train flow stores and checks it after the stage
+                correction = rewarder.recalibrate(record)
+                record["applied_from_step"] = step + 1
+                metrics["length_correction_slope_applied"] = correction.slope
+                log.warning("rl step %d: length-bias event; GenRM rewards corrected from step %d on "
+                            "(slope %.4f)", step, step + 1, correction.slope)
+            events.append(record)
         h.record(step, metrics)
         last = metrics
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
             _store_rollouts(h, pending, rewarder)
             pending = []
         h.maybe_checkpoint(engine, step, {"length_schedule": schedule.state_dict(),
-                                          "length_bias": monitor.state_dict()})
+                                          "length_bias": monitor.state_dict(),
+                                          "length_correction": rewarder.in_stage_correction()})
     _store_rollouts(h, pending, rewarder)
     return h.finish(engine, tokenizer, {"final_loss": last.get("loss"), "final_reward_mean": last.get("reward_mean"),
                                         "final_window": schedule.window.max_tokens, "prompts": len(pool),
