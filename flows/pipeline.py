@@ -41,7 +41,7 @@ from flows.samples import samples_flow
 from flows.synthesize import synthesize_flow
 from flows.train import train_stage_flow
 from tasks import tracking
-from tasks.profile import Profile, load_profile
+from tasks.profile import CoreSettings, Profile, load_profile
 from warehouse import TableRef, Warehouse, recording_tables
 from warehouse.store import TableUse
 
@@ -65,6 +65,31 @@ class Stage:
     def follows(self, needed: bool) -> tuple[str, ...]:
         """The stages it builds on in a run: ``after``, plus ``after_if`` when ``needed``."""
         return self.after + self.after_if if needed else self.after
+
+
+def accelerators_in(settings: Any) -> set[str]:
+    """The accelerators a stage configured by ``settings`` (a profile section, as a dict) holds
+    while it runs: a training engine's ``accelerator``, a rollout ``device``, and a vLLM rollout
+    backend (``cuda``), wherever they sit in the section (RL's GenRM judge has a rollout of its
+    own inside ``train``). ``cpu`` is not a device to share."""
+    found: set[str] = set()
+    if isinstance(settings, dict):
+        for key, value in settings.items():
+            if key in ("accelerator", "device") and isinstance(value, str) and value.split(":")[0] != "cpu":
+                found.add(value.split(":")[0] if key == "accelerator" else value)
+            elif key == "backend" and value == "vllm":
+                found.add("cuda")
+            else:
+                found |= accelerators_in(value)
+    elif isinstance(settings, list):
+        for value in settings:
+            found |= accelerators_in(value)
+    return {"cuda:0" if d == "cuda" else d for d in found}
+
+
+def stage_devices(stage: Stage, profile: Profile) -> set[str]:
+    """The accelerators ``stage`` holds, from the profile sections that shape it."""
+    return set().union(*(accelerators_in(profile.raw(section)) for section in stage.sections))
 
 
 def _package_versions(*names: str) -> str:
@@ -333,11 +358,17 @@ def first_finished(futures: list) -> Any:
 
 
 def run_graph(graph: dict[str, Stage], chosen: list[str], submit: Callable[[str, bool, list, list], Any],
-              needs: Callable[[str, list], bool] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+              needs: Callable[[str, list], bool] | None = None,
+              devices: Callable[[str], set[str]] | None = None, per_device: int = 1,
+              on_device_wait: Callable[[str, str, list[str]], None] | None = None,
+              ) -> tuple[dict[str, Any], dict[str, str]]:
     """Submit each chosen stage of ``graph`` (in dependency order) once the chosen stages it
     follows have finished, so independent branches run side by side; a failure stops only the
     stages that depend on it. A stage with ``after_if`` stages also waits for them when
     ``needs(name, upstream_results)``, asked once its ``after`` stages have finished, says so.
+    A stage holding accelerators (``devices(name)``) also waits until each of them is held by
+    fewer than ``per_device`` running stages (``on_device_wait(name, device, holders)`` is told
+    once per wait): two GPU stages never load into one GPU side by side.
 
     ``submit(name, needed, upstream_futures, upstream_results)`` returns a Prefect future. Returns
     (results by stage, why each stage that did not finish failed or was not run)."""
@@ -346,6 +377,16 @@ def run_graph(graph: dict[str, Stage], chosen: list[str], submit: Callable[[str,
     results: dict[str, Any] = {}
     problems: dict[str, str] = {}
     needed: dict[str, bool] = {}     # asked once per stage
+    holds = {n: set(devices(n)) if devices else set() for n in graph if n in chosen}
+    told: set[str] = set()           # stages whose device wait was reported
+
+    def busy_device(name: str) -> tuple[str, list[str]] | None:
+        for device in sorted(holds[name]):
+            holders = [n for n in futures if device in holds[n]]
+            if len(holders) >= per_device:
+                return device, holders
+        return None
+
     waiting = [n for n in graph if n in chosen]
     while waiting or futures:
         for name in list(waiting):
@@ -366,6 +407,12 @@ def run_graph(graph: dict[str, Stage], chosen: list[str], submit: Callable[[str,
                         continue
                     if needed[name]:
                         continue   # now also waits for its after_if stages
+                busy = busy_device(name)
+                if busy is not None:
+                    if on_device_wait is not None and name not in told:
+                        on_device_wait(name, *busy)
+                    told.add(name)
+                    continue   # looked at again when a running stage finishes
                 futures[name] = submitted[name] = submit(name, needed[name], [submitted[d] for d in deps],
                                                          [results[d] for d in deps])
                 waiting.remove(name)
@@ -401,8 +448,17 @@ def pipeline_flow(profile: str = "tiny", stages: list[str] | None = None, home: 
                      ", ".join(STAGES[name].after_if))
             return needed
 
+        loaded = load_profile(profile)
+        per_device = loaded.section("profile", CoreSettings).stages_per_device
+
+        def device_wait(name: str, device: str, holders: list[str]) -> None:
+            log.info("stage %s waits for %s: held by %s (profile.stages_per_device: %d)", name, device,
+                     ", ".join(holders), per_device)
+
         results, problems = run_graph(STAGES, chosen, lambda name, needed, upstream, upstream_results: stage_task.submit(
-            name, profile, home, force, inputs(upstream_results), needed, wait_for=upstream), needs)
+            name, profile, home, force, inputs(upstream_results), needed, wait_for=upstream), needs,
+            devices=lambda name: stage_devices(STAGES[name], loaded), per_device=per_device,
+            on_device_wait=device_wait)
         if problems:
             raise PipelineError("; ".join(f"{n}: {why}" for n, why in problems.items()))
         results["mlflow_run_id"] = ctx.run_id

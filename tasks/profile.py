@@ -45,6 +45,9 @@ class CoreSettings(BaseModel):
     tracking_uri: str | None = None          # None: sqlite under $POSTTRAIN_HOME
     experiment: str = "posttrain"
     description: str = ""
+    # how many pipeline stages may hold one accelerator at a time (a training engine, a vLLM
+    # engine and a local sampler each take most of a GPU's memory); CPU stages are not limited
+    stages_per_device: int = Field(1, ge=1)
 
 
 def configs_dir() -> Path:
