@@ -8,10 +8,12 @@ benchmark item it matched and the score), the duplicate links it found, its stag
 ``tasks.curate.pipeline`` applies results one by one and checks that every row is accounted for.
 
 Nodes number the rows a block can see: pool rows kept by earlier runs first (0..n_old-1),
-then this run's rows that passed the filter, in keep-rule order.
+then this run's rows that passed the filter, in keep-rule order (``_ingested`` keeps their
+place in ingestion order, the keep rule's last tie-break before the id).
 """
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -102,9 +104,21 @@ def verifiable(domain: str, answer: str | None, tests: str | None) -> bool:
     return domain == "logic" and bool((answer or "").strip())
 
 
+def checkable_answers(rows: pl.DataFrame) -> list[tuple[str, str] | None]:
+    """Per row: (domain, answer without spaces) for a math or logic row with a checkable answer, else None.
+
+    Two such rows that answer differently are different problems, however alike their text.
+    """
+    return [(d, "".join(unicodedata.normalize("NFKC", a).split()).strip("$"))
+            if ok and d in ("math", "logic") else None
+            for d, a, ok in zip(rows["domain"].to_list(), rows["answer"].to_list(), rows["verifiable"].to_list())]
+
+
 def candidate_rows(kept: pl.DataFrame, source_priority: dict[str, int]) -> pl.DataFrame:
-    """Rows past the filter with what the dedup blocks and the keep rule read, in a deterministic order."""
-    rows = kept.with_columns(normalize_series(kept["prompt"]).alias("_norm"))
+    """Rows past the filter (in ingestion order) with what the dedup blocks and the keep rule
+    read, in a deterministic order."""
+    rows = kept.with_columns(normalize_series(kept["prompt"]).alias("_norm"),
+                             pl.int_range(pl.len(), dtype=pl.Int64).alias("_ingested"))
     rows = rows.with_columns(
         pl.Series("text_hash", [text_hash(t) for t in rows["_norm"].to_list()], dtype=pl.Utf8),
         pl.Series("verifiable", [verifiable(d, a, t) for d, a, t in
@@ -119,5 +133,5 @@ def node_space(old: pl.DataFrame, new: pl.DataFrame) -> tuple[list[str], list[st
     """(node ids, prompts, empty duplicate clusters, empty link graph) over old pool rows then new rows."""
     node_ids = old["id"].to_list() + new["id"].to_list()
     prompts = old["prompt"].to_list() + new["prompt"].to_list()
-    ranking = KeepRanking(old.height, node_ids, prompts, new)
+    ranking = KeepRanking(old.height, node_ids, prompts, new, checkable_answers(old) + checkable_answers(new))
     return node_ids, prompts, DuplicateClusters(len(node_ids), ranking), LinkGraph(len(node_ids))

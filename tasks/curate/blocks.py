@@ -90,7 +90,7 @@ class FilterBlock:
         count.kept = len(kept)
         changed = pl.DataFrame(kept, schema={"id": pl.Utf8, "_prompt": pl.Utf8, "_answer": pl.Utf8,
                                              "rewritten": pl.Utf8})
-        survivors = (incoming.join(changed, on="id", how="inner")
+        survivors = (incoming.join(changed, on="id", how="inner", maintain_order="left")   # ingestion order
                      .with_columns(pl.col("_prompt").alias("prompt"), pl.col("_answer").alias("answer"))
                      .drop("_prompt", "_answer"))
         return FilterResult([count], decisions, kept=survivors)
@@ -210,7 +210,8 @@ class KeepBlock:
         removed = rows.clusters.settle(new_nodes.tolist())
         decisions = [Decision(rows.node_ids[r.row], dd.STAGES[r.stage], dd.REASONS[r.stage], rows.node_ids[r.kept],
                               r.score) for r in sorted(removed.values(), key=lambda r: r.row)]
-        return BlockResult(dd.stage_counts(len(new_nodes), removed.values()), decisions)
+        return BlockResult(dd.stage_counts(len(new_nodes), removed.values()), decisions,
+                           counters={"keep.links_answers_differ": len(rows.clusters.answer_conflicts)})
 
 
 # -- decontaminate ------------------------------------------------------------------------
