@@ -88,16 +88,23 @@ def test_changed_settings_recompute_every_row_and_unchanged_ones_do_not(home, wh
     """Re-curating with another MinHash threshold applies it to the rows already curated (new
     pool snapshots and decisions, the old ones kept); the same settings again change nothing."""
     _ingest(wh)
+    # a reworded copy of the first template problem (Jaccard ~0.55, MiniLM cosine ~0.998): the
+    # semantic stage removes it at the profile's settings, MinHash at 0.3. (The template rows
+    # answer differently: other problems, linked at 0.3 but never duplicates.)
+    reworded = TEMPLATE.format(n=3, m=4, k=2).replace("can we draw", "could we draw") + "?"
+    store_records(wh, [RawRecord("r.jsonl", 1, data={"prompt": reworded, "answer": "7", "domain": "math"})],
+                  "reworded")
     first = curate_flow(profile="tiny", home=str(home))
     monkeypatch.setenv("POSTTRAIN__CURATE__MINHASH__THRESHOLD", "0.3")
     monkeypatch.setenv("POSTTRAIN__CURATE__SEMANTIC__ENABLED", "false")
     second = curate_flow(profile="tiny", home=str(home))
-    assert second["from_scratch"] == 1.0 and second["rows_new"] == len(PROMPTS)
-    assert second["stages"]["curate.filter"]["rows_in"] == len(PROMPTS)
+    assert second["from_scratch"] == 1.0 and second["rows_new"] == len(PROMPTS) + 1
+    assert second["stages"]["curate.filter"]["rows_in"] == len(PROMPTS) + 1
     decisions = wh.read("decisions").filter(pl.col("decision") == "removed")
     runs = {first["mlflow_run_id"]: None, second["mlflow_run_id"]: None}
     by_run = {r: set(decisions.filter(pl.col("run_id") == r)["row_id"]) for r in runs}
-    assert by_run[first["mlflow_run_id"]] != by_run[second["mlflow_run_id"]]      # the new threshold acted
+    stages = {r: set(decisions.filter(pl.col("run_id") == r).select("row_id", "stage").iter_rows()) for r in runs}
+    assert stages[first["mlflow_run_id"]] != stages[second["mlflow_run_id"]]      # the new threshold acted
     assert second["stages"]["curate.minhash"]["removed"] > first["stages"]["curate.minhash"]["removed"]
     assert wh.history("sft_pool").height == 2                                     # the old pools stay
     assert set(wh.read("sft_pool")["id"]) | set(wh.read("rl_pool")["id"]) == (
