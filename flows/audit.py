@@ -16,8 +16,9 @@ def audit_flow(profile: str = "tiny", home: str | None = None, fail_on_violation
     report_progress("audit", "start")
     with flow_context("audit", profile, home, {"fail_on_violation": fail_on_violation}) as ctx:
         report = run_audit(ctx.wh)
-        for name in report.snapshots:
-            tracking.log_table(ctx.wh.latest(name), context="input")
+        for refs in report.snapshots.values():   # the snapshots audited, as the run's inputs
+            for ref in refs.split(", "):
+                tracking.log_table(ctx.wh.ref(*ref.split("@", 1)), context="input")
         tracking.log_counters(report.metrics(), prefix="audit")
         tracking.log_dict(report.as_dict(), "audit/report.json")
         tracking.set_tags({"posttrain.audit": "passed" if report.passed else "failed"})

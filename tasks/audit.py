@@ -15,9 +15,19 @@ Checks (each counts what it checked and names every offending id):
 - ``sampled_targets_verified``: every SFT target taken from a teacher is a kept (verified,
   clean) teacher sample of its own prompt, and every DPO side taken from the policy's samples
   is one of that prompt's samples, verified right (chosen) or wrong (rejected).
+- ``training_snapshots``: what is audited exists. The rows audited are those the newest model
+  of each stage trained on (the snapshots its ``models.data_snapshots`` names) and the newest
+  snapshot of each training table (what the next stage would train on); a snapshot a model
+  names that the warehouse no longer holds, or a home with no training table at all, fails.
+
+Each audited training snapshot is checked against the snapshots it was built from (its
+lineage parents: the pools, synthetic instances, difficulty decisions, teacher samples and
+rollouts of its build), not against whatever is newest now, so a later difficulty run cannot
+fail an earlier, correct model; a source its lineage does not name is read at its newest.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -26,7 +36,7 @@ from tasks.curate.normalize import normalize_texts, text_hash
 from tasks.curate.split import POOL_TABLES
 from tasks.difficulty import latest_decisions
 from tasks.train.judge_data import JUDGE_DOMAIN
-from warehouse import Warehouse
+from warehouse import TableRef, Warehouse
 
 MAX_LISTED = 20
 SIDE_OF_TABLE = {"sft_data": "sft", "dpo_pairs": "sft", "rl_prompts": "rl", "judge_data": "sft"}
@@ -96,6 +106,61 @@ def _latest(wh: Warehouse, name: str, snapshots: dict[str, str]) -> pl.DataFrame
         return pl.DataFrame()
     snapshots[name] = str(ref)
     return wh.read(name, ref.snapshot)
+
+
+def _read_all(wh: Warehouse, refs: list[TableRef], snapshots: dict[str, str]) -> pl.DataFrame:
+    """The rows of every snapshot in ``refs`` (one table), each row once."""
+    if not refs:
+        return pl.DataFrame()
+    snapshots[refs[0].name] = ", ".join(str(r) for r in refs)
+    frames = [wh.read(r.name, r.snapshot) for r in refs]
+    return frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed").unique(maintain_order=True)
+
+
+def _parents(wh: Warehouse, ref: TableRef) -> list[TableRef]:
+    row = wh.history(ref.name).filter(pl.col("snapshot") == ref.snapshot)
+    return [TableRef.parse(p) for p in json.loads(row["parents"][0] or "[]")] if row.height else []
+
+
+def _audited_snapshots(wh: Warehouse) -> tuple[dict[str, list[TableRef]], AuditCheck]:
+    """Training table -> the snapshots to audit (what the newest model of each stage trained on,
+    then the table's newest), and the check that they exist."""
+    check = AuditCheck("training_snapshots")
+    out: dict[str, list[TableRef]] = {name: [] for name in SIDE_OF_TABLE}
+    models = wh.read("models") if wh.exists("models") else pl.DataFrame()
+    if not models.is_empty():
+        for row in models.group_by("stage", maintain_order=True).last().iter_rows(named=True):
+            for text in json.loads(row["data_snapshots"] or "[]"):
+                ref = TableRef.parse(text)
+                if ref.name not in out:
+                    continue
+                check.checked += 1
+                try:
+                    wh.ref(ref.name, ref.snapshot)
+                except KeyError:
+                    check.flag(f"model {row['model_id']} trained on {ref}, which this warehouse no longer holds")
+                    continue
+                if ref not in out[ref.name]:
+                    out[ref.name].append(ref)
+    for name, refs in out.items():
+        latest = wh.latest(name)
+        if latest is not None and all(r.snapshot != latest.snapshot for r in refs):
+            refs.append(TableRef(name, latest.snapshot))
+            check.checked += 1
+    if not any(out.values()):
+        check.flag(f"no training table ({', '.join(SIDE_OF_TABLE)}) in {wh.home}: nothing trained to audit")
+    return out, check
+
+
+def _sources(wh: Warehouse, audited: dict[str, list[TableRef]], name: str,
+             snapshots: dict[str, str]) -> pl.DataFrame:
+    """``name`` as the audited training snapshots were built from it (every snapshot their lineage
+    names), else its newest."""
+    named: list[TableRef] = []
+    for refs in audited.values():
+        for ref in refs:
+            named += [p for p in _parents(wh, ref) if p.name == name and p not in named]
+    return _read_all(wh, named, snapshots) if named else _latest(wh, name, snapshots)
 
 
 def _normalized(df: pl.DataFrame, column: str = "prompt") -> list[str]:
@@ -208,14 +273,25 @@ def _check_benchmarks(rows: dict[str, list[tuple[str, str, str]]], benchmarks: p
     return check
 
 
-def _check_rl_difficulty(rl: pl.DataFrame, difficulty: pl.DataFrame) -> AuditCheck:
+def _check_rl_difficulty(wh: Warehouse, rl_refs: list[TableRef], snapshots: dict[str, str]) -> AuditCheck:
+    """Each audited ``rl_prompts`` snapshot against the difficulty decisions it was built from
+    (the newest decision per prompt as of that build)."""
     check = AuditCheck("rl_latest_difficulty_keep")
-    latest = latest_decisions(difficulty)
-    for r in rl.iter_rows(named=True) if not rl.is_empty() else ():
-        check.checked += 1
-        decision = latest.get(str(r["prompt_id"]))
-        if decision not in ("keep", "unscored"):
-            check.flag(f"rl_prompts {r['prompt_id']}: latest difficulty decision is {decision or 'missing'}")
+    seen: list[str] = []
+    for ref in rl_refs:
+        named = [p for p in _parents(wh, ref) if p.name == "difficulty"]
+        difficulty_ref = named[-1] if named else wh.latest("difficulty")
+        if difficulty_ref is not None:
+            seen.append(str(difficulty_ref))
+        latest = latest_decisions(wh.read_ref(difficulty_ref)) if difficulty_ref is not None else {}
+        for r in wh.read_ref(ref).iter_rows(named=True):
+            check.checked += 1
+            decision = latest.get(str(r["prompt_id"]))
+            if decision not in ("keep", "unscored"):
+                check.flag(f"{ref} {r['prompt_id']}: latest difficulty decision "
+                           f"({difficulty_ref or 'none'}) is {decision or 'missing'}")
+    if seen:
+        snapshots["difficulty"] = ", ".join(dict.fromkeys(seen))
     return check
 
 
@@ -252,20 +328,24 @@ def _check_sampled_targets(sft: pl.DataFrame, dpo: pl.DataFrame, teacher: pl.Dat
 
 
 def run_audit(wh: Warehouse) -> AuditReport:
-    """Every check over the latest snapshots; nothing is written."""
+    """Every check over what the models trained on and the newest training tables, each against
+    the snapshots it was built from; nothing is written."""
     snapshots: dict[str, str] = {}
-    pools = {name: _latest(wh, name, snapshots) for name in POOL_TABLES.values()}
-    synthetic = _latest(wh, "synthetic_tasks", snapshots)
+    audited, present = _audited_snapshots(wh)
+    pools = {name: _sources(wh, audited, name, snapshots) for name in POOL_TABLES.values()}
+    synthetic = _sources(wh, audited, "synthetic_tasks", snapshots)
     if not synthetic.is_empty() and "split" not in synthetic.columns:
         raise ValueError(f"{snapshots['synthetic_tasks']} has no 'split' column: re-run `posttrain synthesize`")
-    tables = {name: _latest(wh, name, snapshots) for name in SIDE_OF_TABLE}
+    tables = {name: _read_all(wh, refs, snapshots) for name, refs in audited.items()}
     index = _side_index(pools, synthetic)
     prompts = {name: _normalized(df) for name, df in tables.items()}
     rows = _training_rows(tables, prompts)
-    checks = [_check_side(name, df, prompts[name], index) for name, df in tables.items()]
+    checks = [present]
+    checks += [_check_side(name, df, prompts[name], index) for name, df in tables.items()]
     checks += _check_both_sides(rows, index, pools, synthetic)
     checks.append(_check_benchmarks(rows, _latest(wh, "benchmarks", snapshots), _latest(wh, "decisions", snapshots)))
-    checks.append(_check_rl_difficulty(tables["rl_prompts"], _latest(wh, "difficulty", snapshots)))
-    checks.append(_check_sampled_targets(tables["sft_data"], tables["dpo_pairs"], _latest(wh, "teacher_samples", snapshots),
-                                         _latest(wh, "rollouts", snapshots)))
+    checks.append(_check_rl_difficulty(wh, audited["rl_prompts"], snapshots))
+    checks.append(_check_sampled_targets(tables["sft_data"], tables["dpo_pairs"],
+                                         _sources(wh, audited, "teacher_samples", snapshots),
+                                         _sources(wh, audited, "rollouts", snapshots)))
     return AuditReport(checks, snapshots)

@@ -7,6 +7,8 @@ stage itself are in test_difficulty.py).
 """
 from __future__ import annotations
 
+import json
+
 import polars as pl
 import pytest
 from test_train_engine import SMALL_MODEL
@@ -26,6 +28,7 @@ from tasks.train.data import (
     build_sft_data,
     write_training_tables,
 )
+from warehouse import TableRef
 
 TASKS = ["object_counting", "boolean_expressions", "operation"]
 MC = "Which number is the largest? (A) 2 (B) 9 (C) 4"
@@ -150,7 +153,7 @@ def test_audit_passes_on_what_the_builders_wrote(built):
     report = run_audit(wh)
     assert report.passed, report.describe()
     names = {c.name: c.checked for c in report.checks}
-    assert set(names) == {"sft_side", "dpo_side", "rl_side", "judge_side", "no_prompt_on_both_sides",
+    assert set(names) == {"training_snapshots", "sft_side", "dpo_side", "rl_side", "judge_side", "no_prompt_on_both_sides",
                           "no_cluster_on_both_sides", "no_benchmark_item", "rl_latest_difficulty_keep",
                           "sampled_targets_verified"}
     # this warehouse's SFT targets are gold and its DPO rejected sides perturbations: nothing sampled
@@ -285,3 +288,63 @@ def test_judge_open_pairs_come_from_open_sft_pool_prompts_balanced(built):
     built_rows = [r for r in judge_rows(Sources(wh, "judge_data"), train_config(judge_open_pairs=6), [])
                   if r["source_table"] == "sft_pool"]
     assert len(open_ids) > 1 and len(built_rows) == 6 and {r["source_id"] for r in built_rows} <= open_ids
+
+
+# -- what each model trained on (issue #32, item 2) -------------------------------------------
+
+def _register(wh, stage: str, snapshots: list[str]) -> None:
+    row = {"model_id": f"audit-run/{stage}", "run_name": "audit-run", "stage": stage, "path": "/nowhere",
+           "init_model": "base", "profile": "test", "steps": 1, "final_loss": 0.1,
+           "data_snapshots": json.dumps(snapshots), "config_hash": "c", "mlflow_run_id": None,
+           "num_parameters": 1}
+    wh.append("models", get_spec("models").conform(pl.DataFrame([row])))
+
+
+def test_a_later_difficulty_run_does_not_fail_the_model_that_trained_before_it(built):
+    """The RL model trained on rl_prompts built from the difficulty decisions of its day; a
+    difficulty run after it rejects one of those prompts. The model's training was correct:
+    the audit checks its snapshot against the decisions it was built from (the old audit read
+    the newest decisions and failed it)."""
+    wh, *_ = built
+    # the snapshot the builder wrote (earlier tests plant and restore rows without lineage), newest again
+    history = wh.history("rl_prompts").filter(pl.col("parents").str.contains("difficulty@"))
+    as_built = TableRef("rl_prompts", history["snapshot"][-1])
+    rl = wh.write("rl_prompts", wh.read_ref(as_built), parents=_parent_names(wh, as_built))
+    _register(wh, "rl", [str(rl)])
+    difficulty = wh.read("difficulty")
+    kept_prompt = wh.read("rl_prompts")["prompt_id"][0]
+    write_difficulty(wh, {kept_prompt: "too_easy"}, "run-3")
+    try:
+        report = run_audit(wh)
+        assert report.passed, report.describe()
+        assert report.snapshots["rl_prompts"] == str(rl)
+        assert report.snapshots["difficulty"] != str(wh.latest("difficulty"))   # the decisions of its build
+        # an rl_prompts table built now, from the newest decisions, would be checked against them
+        planted = wh.write("rl_prompts", wh.read_ref(rl), parents=[wh.latest("difficulty")])
+        report = run_audit(wh)
+        assert any(kept_prompt in o and str(planted) in o for o in _failed(report, "rl_latest_difficulty_keep"))
+        wh.write("rl_prompts", wh.read_ref(rl), parents=_parent_names(wh, rl))   # as built, for the tests after
+    finally:
+        wh.write("difficulty", difficulty)
+
+
+def _parent_names(wh, ref) -> list[str]:
+    row = wh.history(ref.name).filter(pl.col("snapshot") == ref.snapshot)
+    return json.loads(row["parents"][0])
+
+
+def test_a_training_snapshot_a_model_names_must_exist(built):
+    wh, *_ = built
+    _register(wh, "sft_short", ["sft_data@20990101T000000-deadbeef"])
+    report = run_audit(wh)
+    assert any("audit-run/sft_short" in o and "no longer holds" in o for o in _failed(report, "training_snapshots"))
+    _register(wh, "sft_short", [str(wh.latest("sft_data"))])     # the stage's newest model again
+    assert run_audit(wh).passed
+
+
+def test_a_home_with_no_training_table_fails_the_audit(tmp_path):
+    from warehouse import Warehouse
+
+    report = run_audit(Warehouse(tmp_path))
+    assert not report.passed
+    assert any("nothing trained to audit" in o for o in _failed(report, "training_snapshots"))
