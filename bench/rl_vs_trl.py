@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from sides import report, run_side
 
-FAMILIES = ("rg:products", "rg:letter_counting", "rg:chain_sum", "rg:aiw")
+FAMILIES = ("rg:products", "rg:number_sequence", "rg:chain_sum", "rg:aiw")
 NOT_EQUAL = (
     "sampler: TRL uses transformers' generate, posttrain its local batched sampler (same T, top-p, max tokens)",
     ("optimizer: TRL torch AdamW through accelerate, posttrain a DeepSpeed ZeRO-2 engine (same lr, betas, eps, "
