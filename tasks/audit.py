@@ -108,18 +108,23 @@ def _latest(wh: Warehouse, name: str, snapshots: dict[str, str]) -> pl.DataFrame
     return wh.read(name, ref.snapshot)
 
 
-def _read_all(wh: Warehouse, refs: list[TableRef], snapshots: dict[str, str]) -> pl.DataFrame:
-    """The rows of every snapshot in ``refs`` (one table), each row once."""
-    if not refs:
+def _union(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """The rows of ``frames`` (snapshots of one table), each row once."""
+    if not frames:
         return pl.DataFrame()
-    snapshots[refs[0].name] = ", ".join(str(r) for r in refs)
-    frames = [wh.read(r.name, r.snapshot) for r in refs]
     return frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed").unique(maintain_order=True)
 
 
-def _parents(wh: Warehouse, ref: TableRef) -> list[TableRef]:
-    row = wh.history(ref.name).filter(pl.col("snapshot") == ref.snapshot)
-    return [TableRef.parse(p) for p in json.loads(row["parents"][0] or "[]")] if row.height else []
+def _record(snapshots: dict[str, str], refs: list[TableRef]) -> None:
+    """Name the snapshots of one table the audit read (the report's ``snapshots``)."""
+    if refs:
+        snapshots[refs[0].name] = ", ".join(str(r) for r in refs)
+
+
+def _read_all(wh: Warehouse, refs: list[TableRef], snapshots: dict[str, str]) -> pl.DataFrame:
+    """The rows of every snapshot in ``refs`` (one table), each row once."""
+    _record(snapshots, refs)
+    return _union([wh.read_ref(r) for r in refs])
 
 
 def _audited_snapshots(wh: Warehouse) -> tuple[dict[str, list[TableRef]], AuditCheck]:
@@ -152,14 +157,11 @@ def _audited_snapshots(wh: Warehouse) -> tuple[dict[str, list[TableRef]], AuditC
     return out, check
 
 
-def _sources(wh: Warehouse, audited: dict[str, list[TableRef]], name: str,
+def _sources(wh: Warehouse, built_from: dict[TableRef, list[TableRef]], name: str,
              snapshots: dict[str, str]) -> pl.DataFrame:
-    """``name`` as the audited training snapshots were built from it (every snapshot their lineage
-    names), else its newest."""
-    named: list[TableRef] = []
-    for refs in audited.values():
-        for ref in refs:
-            named += [p for p in _parents(wh, ref) if p.name == name and p not in named]
+    """``name`` as the audited training snapshots were built from it (every snapshot of it their
+    lineage, ``built_from``, names), else its newest."""
+    named = list(dict.fromkeys(p for parents in built_from.values() for p in parents if p.name == name))
     return _read_all(wh, named, snapshots) if named else _latest(wh, name, snapshots)
 
 
@@ -273,18 +275,19 @@ def _check_benchmarks(rows: dict[str, list[tuple[str, str, str]]], benchmarks: p
     return check
 
 
-def _check_rl_difficulty(wh: Warehouse, rl_refs: list[TableRef], snapshots: dict[str, str]) -> AuditCheck:
-    """Each audited ``rl_prompts`` snapshot against the difficulty decisions it was built from
-    (the newest decision per prompt as of that build)."""
+def _check_rl_difficulty(wh: Warehouse, rl: dict[TableRef, pl.DataFrame], built_from: dict[TableRef, list[TableRef]],
+                         snapshots: dict[str, str]) -> AuditCheck:
+    """Each audited ``rl_prompts`` snapshot (``rl``: its rows) against the difficulty decisions it
+    was built from (the newest decision per prompt as of that build)."""
     check = AuditCheck("rl_latest_difficulty_keep")
     seen: list[str] = []
-    for ref in rl_refs:
-        named = [p for p in _parents(wh, ref) if p.name == "difficulty"]
+    for ref, rows in rl.items():
+        named = [p for p in built_from[ref] if p.name == "difficulty"]
         difficulty_ref = named[-1] if named else wh.latest("difficulty")
         if difficulty_ref is not None:
             seen.append(str(difficulty_ref))
         latest = latest_decisions(wh.read_ref(difficulty_ref)) if difficulty_ref is not None else {}
-        for r in wh.read_ref(ref).iter_rows(named=True):
+        for r in rows.iter_rows(named=True):
             check.checked += 1
             decision = latest.get(str(r["prompt_id"]))
             if decision not in ("keep", "unscored"):
@@ -332,11 +335,16 @@ def run_audit(wh: Warehouse) -> AuditReport:
     the snapshots it was built from; nothing is written."""
     snapshots: dict[str, str] = {}
     audited, present = _audited_snapshots(wh)
-    pools = {name: _sources(wh, audited, name, snapshots) for name in POOL_TABLES.values()}
-    synthetic = _sources(wh, audited, "synthetic_tasks", snapshots)
+    # each audited snapshot's rows and lineage, read once
+    frames = {ref: wh.read_ref(ref) for refs in audited.values() for ref in refs}
+    built_from = {ref: wh.parents(ref.name, ref.snapshot) for ref in frames}
+    pools = {name: _sources(wh, built_from, name, snapshots) for name in POOL_TABLES.values()}
+    synthetic = _sources(wh, built_from, "synthetic_tasks", snapshots)
     if not synthetic.is_empty() and "split" not in synthetic.columns:
         raise ValueError(f"{snapshots['synthetic_tasks']} has no 'split' column: re-run `posttrain synthesize`")
-    tables = {name: _read_all(wh, refs, snapshots) for name, refs in audited.items()}
+    for refs in audited.values():
+        _record(snapshots, refs)
+    tables = {name: _union([frames[r] for r in refs]) for name, refs in audited.items()}
     index = _side_index(pools, synthetic)
     prompts = {name: _normalized(df) for name, df in tables.items()}
     rows = _training_rows(tables, prompts)
@@ -344,8 +352,8 @@ def run_audit(wh: Warehouse) -> AuditReport:
     checks += [_check_side(name, df, prompts[name], index) for name, df in tables.items()]
     checks += _check_both_sides(rows, index, pools, synthetic)
     checks.append(_check_benchmarks(rows, _latest(wh, "benchmarks", snapshots), _latest(wh, "decisions", snapshots)))
-    checks.append(_check_rl_difficulty(wh, audited["rl_prompts"], snapshots))
+    checks.append(_check_rl_difficulty(wh, {r: frames[r] for r in audited["rl_prompts"]}, built_from, snapshots))
     checks.append(_check_sampled_targets(tables["sft_data"], tables["dpo_pairs"],
-                                         _sources(wh, audited, "teacher_samples", snapshots),
-                                         _sources(wh, audited, "rollouts", snapshots)))
+                                         _sources(wh, built_from, "teacher_samples", snapshots),
+                                         _sources(wh, built_from, "rollouts", snapshots)))
     return AuditReport(checks, snapshots)

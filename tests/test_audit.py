@@ -329,8 +329,7 @@ def test_a_later_difficulty_run_does_not_fail_the_model_that_trained_before_it(b
 
 
 def _parent_names(wh, ref) -> list[str]:
-    row = wh.history(ref.name).filter(pl.col("snapshot") == ref.snapshot)
-    return json.loads(row["parents"][0])
+    return [str(p) for p in wh.parents(ref.name, ref.snapshot)]
 
 
 def test_a_training_snapshot_a_model_names_must_exist(built):

@@ -283,6 +283,10 @@ class Warehouse:
             raise KeyError(f"table {name!r} does not exist in {self.home}")
         return _frame(rows, list(rows[0].keys()))
 
+    def parents(self, name: str, snapshot: str) -> list[TableRef]:
+        """The snapshots ``name@snapshot`` was written from (its direct lineage)."""
+        return [TableRef.parse(p) for p in json.loads(self._snapshot_row(name, snapshot)["parents"] or "[]")]
+
     def lineage(self, name: str, snapshot: str | None = None) -> list[dict]:
         """Edges (child, parent) from a snapshot back through every ancestor."""
         start = self._snapshot_row(name, snapshot)
