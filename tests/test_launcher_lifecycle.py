@@ -76,6 +76,13 @@ def _kill_group(p: subprocess.Popen) -> None:
     p.wait(timeout=30)
 
 
+def _kill_everything(p: subprocess.Popen, job_json: Path) -> None:
+    """Cleanup: ``p``'s group and every process still running ``job_json``."""
+    _kill_group(p)
+    for pid in _running(job_json):
+        os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
 def base_job(tmp_path_factory) -> StageJob:
     from warehouse import Warehouse
@@ -127,9 +134,7 @@ def test_a_stage_launcher_dies_within_seconds_of_a_kill_9_of_its_pipeline(base_j
         pipeline.wait(timeout=30)
         took = _gone_within(job_json, 5)
     finally:
-        _kill_group(pipeline)
-        for pid in _running(job_json):
-            os.kill(pid, signal.SIGKILL)
+        _kill_everything(pipeline, job_json)
     print(f"launcher gone {took:.2f} s after its pipeline's kill -9")
     assert not checkpoint.is_done(stage)
 
@@ -149,9 +154,7 @@ def test_torchrun_and_its_ranks_die_with_the_pipeline(base_job, tmp_path):
         pipeline.wait(timeout=30)
         took = _gone_within(job_json, 10)
     finally:
-        _kill_group(pipeline)
-        for pid in _running(job_json):
-            os.kill(pid, signal.SIGKILL)
+        _kill_everything(pipeline, job_json)
     print(f"torchrun and 2 ranks gone {took:.2f} s after the pipeline's kill -9")
 
 
@@ -230,9 +233,7 @@ def test_sigterm_ends_the_command_and_its_launcher_within_seconds(base_job, tmp_
         rc = cli.wait(timeout=30)
         took = time.time() - t0
     finally:
-        _kill_group(cli)
-        for pid in _running(job_json):
-            os.kill(pid, signal.SIGKILL)
+        _kill_everything(cli, job_json)
     print(f"SIGTERM: launcher gone after {launcher_gone:.2f} s, command exited {rc} after {took:.2f} s")
     assert rc == 143, out.read_text()[-3000:]
     assert took < 15, out.read_text()[-3000:]
@@ -294,9 +295,7 @@ def test_a_rerun_stops_the_launcher_a_dead_pipeline_left_on_the_stage_then_resum
         result = runner.execute_stage(rerun)     # the rerun, in this process
         took = time.time() - t0
     finally:
-        _kill_group(old)
-        for pid in _running(job_json):
-            os.kill(pid, signal.SIGKILL)
+        _kill_everything(old, job_json)
     assert f"stopping launcher pid {stale}" in capfd.readouterr().err
     curve = checkpoint.StepLog(stage, enabled=False).records()
     assert [r["step"] for r in curve] == list(range(steps))      # one training, no gap, no duplicate
