@@ -256,7 +256,7 @@ def _print_audit(res: dict) -> None:
         t.add_row(c["name"], str(c["checked"]), mark, "\n".join(c["offending"]))
     console.print(t)
     verdict = "[green]passed[/green]" if res["passed"] else f"[red]FAILED: {res['violations']} violation(s)[/red]"
-    console.print(f"audit {verdict} over {', '.join(res['snapshots'].values())}")
+    console.print(f"audit {verdict} over {', '.join(res['snapshots'].values()) or 'no tables'}")
 
 
 @app.command("serve-model")
