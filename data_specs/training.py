@@ -88,7 +88,7 @@ RL_PROMPTS = register(TableSpec(
 ))
 
 MODELS = register(TableSpec(
-    "models", version=1, key=("model_id",),
+    "models", version=2, key=("model_id",),
     description="Trained checkpoints (Hugging Face format) with lineage to the snapshots they saw.",
     columns=[
         Column("model_id", pl.Utf8, required=True, description="<run>/<stage>"),
@@ -103,5 +103,9 @@ MODELS = register(TableSpec(
         Column("config_hash", pl.Utf8, required=True),
         Column("mlflow_run_id", pl.Utf8),
         Column("num_parameters", pl.Int64),
+        Column("audit", pl.Utf8, allowed=("passed", "failed"),
+               description="the training-data audit of what this model saw, run before it was registered "
+                           "(null: registered before the gate existed); a failed model is refused unless forced"),
+        Column("audit_violations", pl.Int64, check=_non_negative, check_reason="negative_violations"),
     ],
 ))

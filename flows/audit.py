@@ -7,6 +7,7 @@ from prefect import flow
 from flows.common import flow_context, flow_logger, report_progress
 from tasks import tracking
 from tasks.audit import AuditFailed, run_audit
+from tasks.train.config import TrainConfig
 
 
 @flow(name="audit", log_prints=True, flow_run_name="audit")
@@ -15,7 +16,8 @@ def audit_flow(profile: str = "tiny", home: str | None = None, fail_on_violation
     log = flow_logger()
     report_progress("audit", "start")
     with flow_context("audit", profile, home, {"fail_on_violation": fail_on_violation}) as ctx:
-        report = run_audit(ctx.wh)
+        train = ctx.profile.section("train", TrainConfig)
+        report = run_audit(ctx.wh, require_difficulty=train.data.rl_requires_difficulty)
         for refs in report.snapshots.values():   # the snapshots audited, as the run's inputs
             for ref in refs.split(", "):
                 tracking.log_table(ctx.wh.ref(*ref.split("@", 1)), context="input")

@@ -29,6 +29,8 @@ err_console = Console(stderr=True)
 
 ProfileOpt = typer.Option("tiny", "--profile", "-p", help="profile name or directory")
 HomeOpt = typer.Option(None, "--home", help="data directory (default $POSTTRAIN_HOME or ./.posttrain)")
+AcceptFailedAuditOpt = typer.Option(False, "--accept-failed-audit",
+                                    help="use a model whose training-data audit failed (it is refused otherwise)")
 
 
 def _wh(home: str | None):
@@ -184,12 +186,16 @@ _STAGE_HELP = " | ".join(STAGE_NAMES) + " (default: all)"
 def train(
     stage: list[str] = typer.Option([], "--stage", help=_STAGE_HELP),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="continue killed stages from checkpoints"),
+    accept_failed_audit: bool = AcceptFailedAuditOpt,
     profile: str = ProfileOpt, home: str | None = HomeOpt,
 ):
-    """Train SFT short/long -> DPO short/long -> CISPO RL on DeepSpeed; register each model."""
+    """Train SFT short/long -> DPO short/long -> CISPO RL on DeepSpeed; register each model.
+
+    Each model is registered after the audit of what it trained on; a failed audit stops here."""
     from flows.train import train_flow
     with _stage_progress():
-        res = train_flow(profile=profile, home=home, stages=stage or None, resume=resume)
+        res = train_flow(profile=profile, home=home, stages=stage or None, resume=resume,
+                         accept_failed_audit=accept_failed_audit)
     t = Table(title=f"training run {res['run_name']}")
     for col in ("stage", "steps", "final loss", "seconds", "model"):
         t.add_column(col)
@@ -226,13 +232,14 @@ def evaluate(
     model: str | None = typer.Option(None, "--model", help="model alias or path (default: newest in `models`)"),
     benchmark: list[str] = typer.Option([], "--benchmark", help="only these benchmarks"),
     max_items: int | None = typer.Option(None, "--max-items", help="items per benchmark"),
+    accept_failed_audit: bool = AcceptFailedAuditOpt,
     profile: str = ProfileOpt, home: str | None = HomeOpt,
 ):
     """Held-out pass@k at temperature 1.0, top-p 0.95 into `eval_results`."""
     from flows.evaluate import evaluate_flow
     with console.status("evaluating..."):
         res = evaluate_flow(profile=profile, home=home, model=model, benchmarks=benchmark or None,
-                            max_items=max_items)
+                            max_items=max_items, accept_failed_audit=accept_failed_audit)
     _print_counts(res["pass_at_k"], title=f"pass@k of {res['model']}")
     console.print(f"MLflow run {res['mlflow_run_id']}")
 

@@ -50,32 +50,35 @@ def _backend_for(rollout: RolloutConfig, model: ModelChoice) -> RolloutBackend:
     return make_backend(rollout.model_copy(update={"model": model.path}))
 
 
-def _models_to_evaluate(wh, cfg: EvaluateConfig, model: str | None) -> list[ModelChoice]:
+def _models_to_evaluate(wh, cfg: EvaluateConfig, model: str | None, accept_failed_audit: bool) -> list[ModelChoice]:
     """The named model, else the newest run's stage ladder (base -> ... -> rl)."""
     if model or not cfg.stages:
-        return [choose_model(wh, model)]
-    return stage_ladder(wh, cfg.stages)
+        return [choose_model(wh, model, accept_failed_audit)]
+    return stage_ladder(wh, cfg.stages, accept_failed_audit)
 
 
 @flow(name="evaluate", log_prints=True, flow_run_name="evaluate")
 def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | None = None,
-                  benchmarks: list[str] | None = None, max_items: int | None = None) -> dict:
+                  benchmarks: list[str] | None = None, max_items: int | None = None,
+                  accept_failed_audit: bool = False) -> dict:
     """pass@k at the profile's temperature / top-p (M1: 1.0 / 0.95) into ``eval_results``.
 
     ``model``: an alias or checkpoint path; by default every model of the newest training
     run's stage ladder (``evaluate.stages``), so the table shows what each stage did.
-    ``benchmarks`` and ``max_items`` override the profile's evaluate section.
+    ``benchmarks`` and ``max_items`` override the profile's evaluate section. A registered
+    model whose training-data audit failed is refused unless ``accept_failed_audit``.
     """
     log = flow_logger()
     report_progress("evaluate", "start")
-    params = {"model": model, "benchmarks": benchmarks, "max_items": max_items}
+    params = {"model": model, "benchmarks": benchmarks, "max_items": max_items,
+              "accept_failed_audit": accept_failed_audit}
     with flow_context("evaluate", profile, home, params, sections=("evaluate", "rollout")) as ctx:
         overrides = {k: v for k, v in {"benchmarks": benchmarks, "max_items": max_items}.items() if v is not None}
         cfg = EvaluateConfig.model_validate({**ctx.profile.section("evaluate", EvaluateConfig).model_dump(),
                                              **overrides})
         rollout = ctx.profile.section("rollout", RolloutConfig)
         wh = ctx.wh
-        chosen = _models_to_evaluate(wh, cfg, model)
+        chosen = _models_to_evaluate(wh, cfg, model, accept_failed_audit)
         final = chosen[-1]
         tracking.set_tags({"posttrain.model": final.model_id, "posttrain.model_path": final.path,
                            "posttrain.model_source": final.source,

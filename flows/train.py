@@ -17,6 +17,11 @@ The stages, the table each trains on and the model each starts from come from th
 registry (``data_specs.stages``). Only the training tables the chosen stages read are built,
 and a table whose sources and settings are unchanged is not rebuilt.
 
+Before a stage's model is registered, the training-data audit checks what it saw (its
+training snapshot and those of the models it started from): a model that fails is registered
+with ``audit = failed``, the stage fails, and neither a later stage nor ``evaluate`` takes it
+unless ``accept_failed_audit``.
+
 Public entry points: ``train_flow`` (all or some stages) and ``train_stage_flow`` (one stage).
 """
 from __future__ import annotations
@@ -33,11 +38,12 @@ from data_specs.stages import STAGE_NAMES, earlier_stages, train_stage
 from flows.common import flow_context, flow_logger, report_progress
 from flows.references import recalibrate_flow
 from tasks import tracking
+from tasks.audit import SIDE_OF_TABLE, AuditFailed, AuditReport, model_scope, run_audit
 from tasks.genrm.config import LengthBiasConfig
 from tasks.train import checkpoint
 from tasks.train.base_model import prepare_base_model
 from tasks.train.config import TrainConfig
-from tasks.train.models import register_model
+from tasks.train.models import refuse_failed_audit, register_model
 from tasks.train.runner import StageJob, execute_stage
 from warehouse import TableRef, Warehouse
 
@@ -83,9 +89,13 @@ def runtime_sources(wh: Warehouse, stage: str, sources: dict[str, TableRef] | No
 @task(name="train-stage")
 def train_stage_task(stage: str, home: str, profile: str, run_name: str, init_model: str, ref: TableRef,
                      cfg: dict, config_hash: str, parent_run_id: str | None, resume: bool = True,
-                     sources: dict[str, TableRef] | None = None) -> dict:
+                     sources: dict[str, TableRef] | None = None, accept_failed_audit: bool = False) -> dict:
     """Train one stage in its own MLflow child run and register the resulting model; what it reads
-    while it trains is pinned to ``sources`` (the pipeline's hand-over) where they hold it."""
+    while it trains is pinned to ``sources`` (the pipeline's hand-over) where they hold it.
+
+    The model is registered only after the audit of what it saw (``gate_audit``); a model that
+    fails it is registered as failed and the stage raises ``AuditFailed``, unless
+    ``accept_failed_audit``."""
     wh, conf = Warehouse(home), TrainConfig(**cfg)
     params = {"stage": stage, "run_name": run_name, "init_model": init_model, "data": str(ref),
               "stage_config": conf.stage(stage).model_dump(), "engine": conf.engine_for(stage).model_dump(),
@@ -108,12 +118,33 @@ def train_stage_task(stage: str, home: str, profile: str, run_name: str, init_mo
         else:
             skipped = _prepare_stage_dir(job, resume)
             result = checkpoint.read_done(job.stage_path) if skipped else execute_stage(job)
+        report = gate_audit(wh, stage, ref, init_model, conf.data.rl_requires_difficulty)
         model_ref = register_model(wh, run_name=run_name, stage=stage, result=result, init_model=init_model,
                                    profile=profile, parents=[ref], config_hash=config_hash,
-                                   mlflow_run_id=run_id, log_weights_max_mb=conf.log_weights_max_mb)
+                                   mlflow_run_id=run_id, log_weights_max_mb=conf.log_weights_max_mb,
+                                   audit_violations=report.violations)
         tracking.log_table(model_ref, context="output")
         tracking.set_tags({"posttrain.skipped": skipped})
-        return {**result, "mlflow_run_id": run_id, "skipped": skipped, "models": str(model_ref), "data": str(ref)}
+        if not report.passed and not accept_failed_audit:
+            raise AuditFailed(report)
+        return {**result, "mlflow_run_id": run_id, "skipped": skipped, "models": str(model_ref), "data": str(ref),
+                "audit": "passed" if report.passed else "failed"}
+
+
+def gate_audit(wh: Warehouse, stage: str, ref: TableRef, init_model: str, require_difficulty: bool) -> AuditReport:
+    """The training-data audit of what the stage's model saw (its training snapshot and those of
+    the models it started from), run before the model is registered; logged to the stage's run."""
+    report = run_audit(wh, model_scope(wh, [ref], init_model), require_difficulty)
+    tracking.log_counters(report.metrics(), prefix="audit")
+    tracking.log_dict(report.as_dict(), "audit/report.json")
+    tracking.set_tags({"posttrain.audit": "passed" if report.passed else "failed"})
+    if report.passed:
+        flow_logger().info("train %s: the audit of what it trained on passed (%s)", stage,
+                           "; ".join(report.snapshots.get(t, "") for t in SIDE_OF_TABLE if t in report.snapshots))
+    else:
+        flow_logger().error("train %s: the audit of what it trained on FAILED with %d violation(s); the model is "
+                            "recorded as failed:\n%s", stage, report.violations, report.describe())
+    return report
 
 
 def _stage_rows(wh: Warehouse, ref: TableRef, stage: str) -> int:
@@ -161,15 +192,16 @@ def _stage_sequence(stages: list[str] | None, cfg: TrainConfig) -> list[str]:
     return [s for s in STAGE_NAMES if s in wanted]
 
 
-def _previous_model(wh: Warehouse, run_name: str, stage: str, base: str) -> str:
+def _previous_model(wh: Warehouse, run_name: str, stage: str, base: str, accept_failed_audit: bool = False) -> str:
     """The newest model this run produced in the stages ``stage`` follows (nearest first), else
-    the base model."""
+    the base model; one whose audit failed is refused unless accepted."""
     if not wh.exists("models"):
         return base
     models = wh.read("models").filter(pl.col("run_name") == run_name)
     for prev in earlier_stages(stage):
         rows = models.filter(pl.col("stage") == prev)
         if rows.height:
+            refuse_failed_audit(rows.row(-1, named=True), accept_failed_audit)
             return rows["path"][-1]
     return base
 
@@ -209,11 +241,13 @@ def train_run_title(stages: list[str] | None) -> str:
 @flow(name="train", log_prints=True, flow_run_name=_train_flow_run_name)
 def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str] | None = None,
                resume: bool = True, run_name: str | None = None,
-               sources: dict[str, TableRef] | None = None) -> dict:
+               sources: dict[str, TableRef] | None = None, accept_failed_audit: bool = False) -> dict:
     """Run the training stages in order, each starting from the previous stage's model.
 
     ``sources``: the snapshots to build the training tables from (the pipeline hands over
-    what its earlier stages wrote); a source not among them is read at its newest."""
+    what its earlier stages wrote); a source not among them is read at its newest. Each model
+    is audited before it is registered; a failed audit stops the flow (and a later stage refuses
+    to start from that model) unless ``accept_failed_audit``."""
     log = flow_logger()
     report_progress("train", "start")
     with flow_context("train", profile, home, {"stages": stages or "all", "resume": resume},
@@ -234,7 +268,7 @@ def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str]
         for stage in sequence:
             # the model of the nearest stage it follows: trained just now, else earlier in this run
             init_model = next((results[p]["path"] for p in earlier_stages(stage) if "path" in results.get(p, {})), None) \
-                or _previous_model(wh, name, stage, base)
+                or _previous_model(wh, name, stage, base, accept_failed_audit)
             table = train_stage(stage).table
             if table not in data_refs and train_stage(stage).optional:
                 log.info("train %s: no %s rows (the profile asks for none): stage not trained", stage, table)
@@ -245,7 +279,7 @@ def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str]
                                  "(ingest, curate or synthesize data first)")
             report_progress(f"train.{stage}", "start")
             res = train_stage_task(stage, home_str, ctx.profile.name, name, init_model, data_refs[table],
-                                   cfg.model_dump(), config_hash, ctx.run_id, resume, sources)
+                                   cfg.model_dump(), config_hash, ctx.run_id, resume, sources, accept_failed_audit)
             log.info("train %s: %s steps in %.1fs, final loss %s%s", stage, res.get("steps"), res.get("seconds", 0),
                      res.get("final_loss"), " (already done)" if res.get("skipped") else "")
             # a reused stage's length-bias events were handled when it ran
@@ -264,7 +298,8 @@ def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str]
 
 @flow(name="train-stage", flow_run_name="{stage}")
 def train_stage_flow(stage: str, profile: str = "tiny", home: str | None = None, resume: bool = True,
-                     run_name: str | None = None, sources: dict[str, TableRef] | None = None) -> dict:
+                     run_name: str | None = None, sources: dict[str, TableRef] | None = None,
+                     accept_failed_audit: bool = False) -> dict:
     """One stage on its own (it starts from this run's previous stage's model, else the base)."""
     return train_flow(profile=profile, home=home, stages=[stage], resume=resume, run_name=run_name,
-                      sources=sources)
+                      sources=sources, accept_failed_audit=accept_failed_audit)

@@ -157,6 +157,55 @@ def _audited_snapshots(wh: Warehouse) -> tuple[dict[str, list[TableRef]], AuditC
     return out, check
 
 
+def _scoped_snapshots(wh: Warehouse, scope: dict[str, list[TableRef]]) -> tuple[dict[str, list[TableRef]], AuditCheck]:
+    """Training table -> exactly the snapshots in ``scope`` (what one model trained on), and the
+    check that they exist."""
+    check = AuditCheck("training_snapshots")
+    out: dict[str, list[TableRef]] = {name: [] for name in SIDE_OF_TABLE}
+    for name, refs in scope.items():
+        for ref in refs:
+            if name not in out:
+                continue
+            check.checked += 1
+            try:
+                wh.ref(ref.name, ref.snapshot)
+            except KeyError:
+                check.flag(f"{ref} is not in this warehouse")
+                continue
+            if all(r.snapshot != ref.snapshot for r in out[name]):
+                out[name].append(TableRef(ref.name, ref.snapshot))
+    if not any(out.values()):
+        check.flag(f"no training snapshot ({', '.join(SIDE_OF_TABLE)}) to audit in {wh.home}")
+    return out, check
+
+
+def model_scope(wh: Warehouse, trained_on: list[TableRef], init_model: str) -> dict[str, list[TableRef]]:
+    """What a model saw: the snapshots it trained on (``trained_on``) and those every registered
+    model in its starting lineage trained on (the ``models`` row whose path is ``init_model``, then
+    that row's own ``init_model``, back to the base), by training table. A stage that passed its
+    initial model through unchanged (``models.path == init_model``) adds nothing."""
+    out: dict[str, list[TableRef]] = {}
+    for ref in trained_on:
+        out.setdefault(ref.name, []).append(ref)
+    models = wh.read("models") if wh.exists("models") else pl.DataFrame()
+    seen: set[str] = set()
+    path = init_model
+    while not models.is_empty() and path not in seen:
+        seen.add(path)
+        # the stage that wrote these weights (a stage with no rows in its range passes its initial
+        # model through under its own row, same path: that row trained nothing)
+        rows = models.filter((pl.col("path") == path) & (pl.col("init_model") != path))
+        if rows.is_empty():
+            break
+        row = rows.row(-1, named=True)
+        for text in json.loads(row["data_snapshots"] or "[]"):
+            ref = TableRef.parse(text)
+            if ref.name in SIDE_OF_TABLE and all(r.snapshot != ref.snapshot for r in out.setdefault(ref.name, [])):
+                out[ref.name].append(ref)
+        path = str(row["init_model"])
+    return out
+
+
 def _sources(wh: Warehouse, built_from: dict[TableRef, list[TableRef]], name: str,
              snapshots: dict[str, str]) -> pl.DataFrame:
     """``name`` as the audited training snapshots were built from it (every snapshot of it their
@@ -276,9 +325,11 @@ def _check_benchmarks(rows: dict[str, list[tuple[str, str, str]]], benchmarks: p
 
 
 def _check_rl_difficulty(wh: Warehouse, rl: dict[TableRef, pl.DataFrame], built_from: dict[TableRef, list[TableRef]],
-                         snapshots: dict[str, str]) -> AuditCheck:
+                         snapshots: dict[str, str], require_difficulty: bool = True) -> AuditCheck:
     """Each audited ``rl_prompts`` snapshot (``rl``: its rows) against the difficulty decisions it
-    was built from (the newest decision per prompt as of that build)."""
+    was built from (the newest decision per prompt as of that build). ``require_difficulty``
+    off (``train.data.rl_requires_difficulty: false``): an undecided prompt may train, a rejected
+    one still may not."""
     check = AuditCheck("rl_latest_difficulty_keep")
     seen: list[str] = []
     for ref, rows in rl.items():
@@ -290,7 +341,7 @@ def _check_rl_difficulty(wh: Warehouse, rl: dict[TableRef, pl.DataFrame], built_
         for r in rows.iter_rows(named=True):
             check.checked += 1
             decision = latest.get(str(r["prompt_id"]))
-            if decision not in ("keep", "unscored"):
+            if decision not in ("keep", "unscored") and (require_difficulty or decision is not None):
                 check.flag(f"{ref} {r['prompt_id']}: latest difficulty decision "
                            f"({difficulty_ref or 'none'}) is {decision or 'missing'}")
     if seen:
@@ -330,11 +381,14 @@ def _check_sampled_targets(sft: pl.DataFrame, dpo: pl.DataFrame, teacher: pl.Dat
     return check
 
 
-def run_audit(wh: Warehouse) -> AuditReport:
-    """Every check over what the models trained on and the newest training tables, each against
-    the snapshots it was built from; nothing is written."""
+def run_audit(wh: Warehouse, scope: dict[str, list[TableRef]] | None = None,
+              require_difficulty: bool = True) -> AuditReport:
+    """Every check over what the models trained on and the newest training tables (or, with
+    ``scope``, over exactly those snapshots: what one model saw, ``model_scope``), each against the
+    snapshots it was built from; nothing is written. ``require_difficulty``: the training config's
+    ``data.rl_requires_difficulty`` (off: RL prompts no difficulty run decided may train)."""
     snapshots: dict[str, str] = {}
-    audited, present = _audited_snapshots(wh)
+    audited, present = _audited_snapshots(wh) if scope is None else _scoped_snapshots(wh, scope)
     # each audited snapshot's rows and lineage, read once
     frames = {ref: wh.read_ref(ref) for refs in audited.values() for ref in refs}
     built_from = {ref: wh.parents(ref.name, ref.snapshot) for ref in frames}
@@ -352,7 +406,8 @@ def run_audit(wh: Warehouse) -> AuditReport:
     checks += [_check_side(name, df, prompts[name], index) for name, df in tables.items()]
     checks += _check_both_sides(rows, index, pools, synthetic)
     checks.append(_check_benchmarks(rows, _latest(wh, "benchmarks", snapshots), _latest(wh, "decisions", snapshots)))
-    checks.append(_check_rl_difficulty(wh, {r: frames[r] for r in audited["rl_prompts"]}, built_from, snapshots))
+    checks.append(_check_rl_difficulty(wh, {r: frames[r] for r in audited["rl_prompts"]}, built_from, snapshots,
+                                       require_difficulty))
     checks.append(_check_sampled_targets(tables["sft_data"], tables["dpo_pairs"],
                                          _sources(wh, built_from, "teacher_samples", snapshots),
                                          _sources(wh, built_from, "rollouts", snapshots)))

@@ -27,6 +27,7 @@ from tasks.rollout.base import RolloutBackend, SamplingParams
 from tasks.rollout.factory import resolve_model
 from tasks.synth.base import normalize_text
 from tasks.synth.registry import get_task, own_task_names
+from tasks.train.models import audited_row, refuse_failed_audit
 from tasks.verify.passk import pass_at_k
 from warehouse import Warehouse
 
@@ -99,10 +100,15 @@ class ModelChoice:
     stage: str | None = None
 
 
-def choose_model(wh: Warehouse, model: str | None = None) -> ModelChoice:
-    """The explicit ``model`` (alias or path) or else the newest row of the ``models`` table."""
+def choose_model(wh: Warehouse, model: str | None = None, accept_failed_audit: bool = False) -> ModelChoice:
+    """The explicit ``model`` (alias or path) or else the newest row of the ``models`` table; a
+    registered model whose training-data audit failed is refused unless accepted."""
     if model:
-        return ModelChoice(model_id=model, path=str(resolve_model(model)), source="argument")
+        path = str(resolve_model(model))
+        row = audited_row(wh, path)
+        if row is not None:
+            refuse_failed_audit(row, accept_failed_audit)
+        return ModelChoice(model_id=model, path=path, source="argument")
     if not wh.exists(MODELS_TABLE) or wh.latest(MODELS_TABLE).rows == 0:
         raise LookupError(
             f"no model to evaluate: the {MODELS_TABLE!r} table in {wh.home} is empty or missing and no "
@@ -114,12 +120,14 @@ def choose_model(wh: Warehouse, model: str | None = None) -> ModelChoice:
     if not Path(row["path"]).exists():
         raise FileNotFoundError(
             f"model {row['model_id']!r} from the {MODELS_TABLE!r} table points at {row['path']}, which does not exist")
+    refuse_failed_audit(row, accept_failed_audit)
     return ModelChoice(model_id=str(row["model_id"]), path=str(row["path"]), source="models table")
 
 
-def stage_ladder(wh: Warehouse, stages: list[str]) -> list[ModelChoice]:
-    """The newest training run's model after each of ``stages`` (those it has), in order."""
-    newest = choose_model(wh)
+def stage_ladder(wh: Warehouse, stages: list[str], accept_failed_audit: bool = False) -> list[ModelChoice]:
+    """The newest training run's model after each of ``stages`` (those it has), in order; a model
+    whose training-data audit failed is refused unless accepted."""
+    newest = choose_model(wh, accept_failed_audit=accept_failed_audit)
     models = wh.read(MODELS_TABLE)
     run = models.filter(pl.col("model_id") == newest.model_id)["run_name"][-1]
     rows = models.filter(pl.col("run_name") == run)
@@ -132,6 +140,7 @@ def stage_ladder(wh: Warehouse, stages: list[str]) -> list[ModelChoice]:
         match = rows.filter(pl.col("stage") == stage)
         if match.height:
             r = match.row(-1, named=True)
+            refuse_failed_audit(r, accept_failed_audit)
             out.append(ModelChoice(r["model_id"], r["path"], "models table", stage))
     missing = [c.path for c in out if not Path(c.path).exists()]
     if missing:
