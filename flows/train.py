@@ -103,8 +103,8 @@ def train_stage_task(stage: str, home: str, profile: str, run_name: str, init_mo
     with tracking.tracked_run(stage, params=params, parent_run_id=parent_run_id,
                               tags={"posttrain.profile": profile, "posttrain.train_run": run_name}) as run_id:
         tracking.log_table(ref, context="input")
-        fingerprint = _digest(config_hash, stage, ref.content_hash, _model_identity(init_model))
         reads = runtime_sources(wh, stage, sources)
+        fingerprint = stage_fingerprint(wh, config_hash, stage, ref, init_model, reads)
         job = StageJob(stage=stage, home=home, run_name=run_name, profile=profile, init_model=init_model,
                        data_ref=ref, config=cfg, fingerprint=fingerprint, mlflow_run_id=run_id,
                        tracking_uri=tracking.mlflow.get_tracking_uri(), extra={"sources": reads} if reads else {})
@@ -145,6 +145,17 @@ def gate_audit(wh: Warehouse, stage: str, ref: TableRef, init_model: str, requir
         flow_logger().error("train %s: the audit of what it trained on FAILED with %d violation(s); the model is "
                             "recorded as failed:\n%s", stage, report.violations, report.describe())
     return report
+
+
+def stage_fingerprint(wh: Warehouse, config_hash: str, stage: str, ref: TableRef, init_model: str,
+                      reads: dict[str, str | None]) -> str:
+    """What a stage's training is: its config, its data's content, the weights it starts from and
+    the content of what it reads while it trains (``runtime_sources``: new references or a new
+    judge calibration retrain RL; the same content under a new snapshot does not). A finished
+    stage with the same fingerprint is not trained again."""
+    read_hashes = {t: wh.ref(*r.split("@", 1)).content_hash for t, r in reads.items() if r is not None}
+    return _digest(config_hash, stage, ref.content_hash, _model_identity(init_model),
+                   *([read_hashes] if read_hashes else []))
 
 
 def _stage_rows(wh: Warehouse, ref: TableRef, stage: str) -> int:

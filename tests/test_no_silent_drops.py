@@ -203,6 +203,15 @@ def test_rl_reads_the_references_and_calibrations_it_was_handed(tmp_path):
     sources = runtime_sources(wh, "rl", {"references": handed})
     assert sources == {"references": str(handed), "judge_calibrations": str(cal)}
     assert runtime_sources(wh, "sft_short", None) == {}
+    # what RL reads is in its fingerprint: other references retrain it, the same ones re-stored do not
+    from flows.train import stage_fingerprint
+    data = TableRef("rl_prompts", "x", 1, "data-hash")
+    first = stage_fingerprint(wh, "cfg", "rl", data, "/init", sources)
+    same = wh.write("references", wh.read_ref(handed))
+    assert stage_fingerprint(wh, "cfg", "rl", data, "/init", {**sources, "references": str(same)}) == first
+    other = wh.append("references", pl.DataFrame([{**base, "prompt_id": "i2", "reference": "more"}]))
+    assert stage_fingerprint(wh, "cfg", "rl", data, "/init", {**sources, "references": str(other)}) != first
+    assert stage_fingerprint(wh, "cfg", "sft_short", data, "/init", {}) != first
     # another run writes newer snapshots while this stage trains
     wh.append("references", pl.DataFrame([{**base, "prompt_id": "i1", "reference": "another run's"}]))
     append_calibration(wh, {**calibration, "run_id": "another", "slope": 0.4})
