@@ -13,7 +13,7 @@ from prefect.exceptions import MissingContextError
 
 from tasks import tracking
 from tasks.profile import Profile, load_profile
-from warehouse import TableRef, Warehouse, recording_flow_run
+from warehouse import TableRef, Warehouse, WarehouseError, recording_flow_run
 
 
 @dataclass
@@ -42,6 +42,10 @@ def flow_context(stage: str, profile: str, home: str | None = None,
     # nested stages stay in the parent's store; a top-level run: profile, then environment, then home
     uri = None if tracking.current_run_id() else (
         prof.core.tracking_uri or os.environ.get(tracking.TRACKING_URI_ENV) or tracking.default_tracking_uri(wh.home))
+    if uri and uri.startswith("sqlite:///") and wh.is_foreign(uri[len("sqlite:///"):]):
+        raise WarehouseError(f"the MLflow store {uri} lies in a home {wh.home} was copied from "
+                             f"({', '.join(wh.former_homes)}): a copy never writes into the original (unset "
+                             "MLFLOW_TRACKING_URI, or point it at this home's mlflow.db)")
     with tracking.tracked_run(stage, params=run_params, tags=tags, experiment=prof.core.experiment,
                               tracking_uri=uri, run_name=run_name) as run_id, \
             recording_flow_run(_prefect_flow_run_id()):

@@ -43,7 +43,7 @@ from tasks.genrm.config import LengthBiasConfig
 from tasks.train import checkpoint
 from tasks.train.base_model import prepare_base_model
 from tasks.train.config import TrainConfig
-from tasks.train.models import refuse_failed_audit, register_model
+from tasks.train.models import read_models, refuse_failed_audit, register_model
 from tasks.train.runner import StageJob, execute_stage
 from warehouse import TableRef, Warehouse
 
@@ -118,6 +118,7 @@ def train_stage_task(stage: str, home: str, profile: str, run_name: str, init_mo
         else:
             skipped = _prepare_stage_dir(job, resume)
             result = checkpoint.read_done(job.stage_path) if skipped else execute_stage(job)
+            result = {**result, "path": wh.local_path(result["path"])}   # a copied home's own weights
         report = gate_audit(wh, stage, ref, init_model, conf.data.rl_requires_difficulty)
         model_ref = register_model(wh, run_name=run_name, stage=stage, result=result, init_model=init_model,
                                    profile=profile, parents=[ref], config_hash=config_hash,
@@ -154,7 +155,7 @@ def stage_fingerprint(wh: Warehouse, config_hash: str, stage: str, ref: TableRef
     judge calibration retrain RL; the same content under a new snapshot does not). A finished
     stage with the same fingerprint is not trained again."""
     read_hashes = {t: wh.ref(*r.split("@", 1)).content_hash for t, r in reads.items() if r is not None}
-    return _digest(config_hash, stage, ref.content_hash, _model_identity(init_model),
+    return _digest(config_hash, stage, ref.content_hash, _model_identity(wh, init_model),
                    *([read_hashes] if read_hashes else []))
 
 
@@ -166,14 +167,18 @@ def _stage_rows(wh: Warehouse, ref: TableRef, stage: str) -> int:
     return int(lazy.select(pl.len()).collect().item())
 
 
-def _model_identity(path: str) -> str:
-    """What the initial model is: the fingerprint of the stage that wrote it, else its path.
+def _model_identity(wh: Warehouse, path: str) -> str:
+    """What the initial model is: the fingerprint of the stage that wrote it, else its path (in
+    this home: relative to it, so a copied home resumes what the original finished).
 
     A stage's final directory keeps its path across retrains, so the path alone would let
     a later stage resume on top of weights that have since changed.
     """
     job = Path(path).parent / "job.json"
-    return StageJob.load(job).fingerprint if job.exists() else path
+    if job.exists():
+        return StageJob.load(job).fingerprint
+    inside = Path(path).is_relative_to(wh.home)
+    return f"$POSTTRAIN_HOME/{Path(path).relative_to(wh.home)}" if inside else path
 
 
 def _prepare_stage_dir(job: StageJob, resume: bool) -> bool:
@@ -206,9 +211,7 @@ def _stage_sequence(stages: list[str] | None, cfg: TrainConfig) -> list[str]:
 def _previous_model(wh: Warehouse, run_name: str, stage: str, base: str, accept_failed_audit: bool = False) -> str:
     """The newest model this run produced in the stages ``stage`` follows (nearest first), else
     the base model; one whose audit failed is refused unless accepted."""
-    if not wh.exists("models"):
-        return base
-    models = wh.read("models").filter(pl.col("run_name") == run_name)
+    models = read_models(wh).filter(pl.col("run_name") == run_name)
     for prev in earlier_stages(stage):
         rows = models.filter(pl.col("stage") == prev)
         if rows.height:

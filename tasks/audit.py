@@ -36,6 +36,7 @@ from tasks.curate.normalize import normalize_texts, text_hash
 from tasks.curate.split import POOL_TABLES
 from tasks.difficulty import latest_decisions
 from tasks.train.judge_data import JUDGE_DOMAIN
+from tasks.train.models import read_models
 from warehouse import TableRef, Warehouse
 
 MAX_LISTED = 20
@@ -187,9 +188,9 @@ def model_scope(wh: Warehouse, trained_on: list[TableRef], init_model: str) -> d
     out: dict[str, list[TableRef]] = {}
     for ref in trained_on:
         out.setdefault(ref.name, []).append(ref)
-    models = wh.read("models") if wh.exists("models") else pl.DataFrame()
+    models = read_models(wh)
     seen: set[str] = set()
-    path = init_model
+    path = wh.local_path(init_model)
     while not models.is_empty() and path not in seen:
         seen.add(path)
         # the stage that wrote these weights (a stage with no rows in its range passes its initial

@@ -27,7 +27,7 @@ from tasks.rollout.base import RolloutBackend, SamplingParams
 from tasks.rollout.factory import resolve_model
 from tasks.synth.base import normalize_text
 from tasks.synth.registry import get_task, own_task_names
-from tasks.train.models import audited_row, refuse_failed_audit
+from tasks.train.models import audited_row, read_models, refuse_failed_audit
 from tasks.verify.passk import pass_at_k
 from warehouse import Warehouse
 
@@ -109,11 +109,12 @@ def choose_model(wh: Warehouse, model: str | None = None, accept_failed_audit: b
         if row is not None:
             refuse_failed_audit(row, accept_failed_audit)
         return ModelChoice(model_id=model, path=path, source="argument")
-    if not wh.exists(MODELS_TABLE) or wh.latest(MODELS_TABLE).rows == 0:
+    models = read_models(wh)
+    if models.is_empty():
         raise LookupError(
             f"no model to evaluate: the {MODELS_TABLE!r} table in {wh.home} is empty or missing and no "
             f"model was given; train one (`posttrain run --stage train`) or pass --model PATH_OR_ALIAS")
-    row = wh.read(MODELS_TABLE).tail(1).row(0, named=True)
+    row = models.tail(1).row(0, named=True)
     missing = [c for c in ("model_id", "path") if not row.get(c)]
     if missing:
         raise LookupError(f"the newest row of {MODELS_TABLE!r} has no {missing}: cannot load it")
@@ -128,7 +129,7 @@ def stage_ladder(wh: Warehouse, stages: list[str], accept_failed_audit: bool = F
     """The newest training run's model after each of ``stages`` (those it has), in order; a model
     whose training-data audit failed is refused unless accepted."""
     newest = choose_model(wh, accept_failed_audit=accept_failed_audit)
-    models = wh.read(MODELS_TABLE)
+    models = read_models(wh)
     run = models.filter(pl.col("model_id") == newest.model_id)["run_name"][-1]
     rows = models.filter(pl.col("run_name") == run)
     out = []

@@ -37,10 +37,50 @@ def default_tracking_uri(home: str | os.PathLike | None = None) -> str:
 
 
 def configure(tracking_uri: str | None = None, home: str | os.PathLike | None = None) -> str:
-    """Point MLflow at the configured store (default: SQLite under $POSTTRAIN_HOME)."""
+    """Point MLflow at the configured store (default: SQLite under $POSTTRAIN_HOME); a home's own
+    store copied from another home is relocated first (``relocate_store``)."""
     uri = tracking_uri or os.environ.get(TRACKING_URI_ENV) or default_tracking_uri(home)
+    relocate_store(uri)
     mlflow.set_tracking_uri(uri)
     return uri
+
+
+# where MLflow's SQLite store names artifact directories (MLflow 3: runs, experiments, logged models)
+_ARTIFACT_COLUMNS = (("experiments", "artifact_location"), ("runs", "artifact_uri"),
+                     ("logged_models", "artifact_location"))
+
+
+def relocate_store(uri: str) -> int:
+    """For a home's own SQLite store (``<home>/mlflow.db``) in a home copied or moved from
+    elsewhere: point every experiment's, run's and logged model's artifact location that lies in
+    a directory the home was copied from at the same place in this home, so a copy never writes
+    artifacts into (or reads them from) the original. Returns the locations rewritten."""
+    import sqlite3
+
+    from warehouse import Warehouse
+
+    if not uri.startswith("sqlite:///"):
+        return 0
+    db = Path(uri[len("sqlite:///"):])
+    if not db.exists() or not (db.parent / "warehouse.duckdb").exists():
+        return 0
+    wh = Warehouse(db.parent)
+    if not wh.former_homes:
+        return 0
+    changed = 0
+    with sqlite3.connect(db, timeout=60) as con:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        for table, column in _ARTIFACT_COLUMNS:
+            if table not in tables:
+                continue
+            for old in wh.former_homes:
+                old_uri, new_uri = Path(old).as_uri(), wh.home.as_uri()
+                cur = con.execute(
+                    f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                    f"WHERE substr({column}, 1, ?) = ? AND (length({column}) = ? OR substr({column}, ?, 1) = '/')",
+                    [new_uri, len(old_uri) + 1, len(old_uri), old_uri, len(old_uri), len(old_uri) + 1])
+                changed += cur.rowcount
+    return changed
 
 
 # The experiment kind says the experiment holds model training, not GenAI traces. (MLflow

@@ -46,6 +46,9 @@ CREATE TABLE IF NOT EXISTS snapshots (
     note VARCHAR
 )
 """
+# Every directory this home has been opened at (a home copied or moved elsewhere keeps the
+# old ones): paths stored before the copy are read as paths in this home (``local_path``).
+LOCATIONS_DDL = "CREATE TABLE IF NOT EXISTS locations (path VARCHAR PRIMARY KEY, first_seen TIMESTAMP NOT NULL)"
 LOCK_TIMEOUT_S = 120
 
 
@@ -89,6 +92,27 @@ class Warehouse:
         self._lock = FileLock(str(self.home / "warehouse.lock"), timeout=LOCK_TIMEOUT_S)
         with self._catalog() as con:
             con.execute(CATALOG_DDL)
+            con.execute(LOCATIONS_DDL)
+            known = [r[0] for r in con.execute("SELECT path FROM locations ORDER BY first_seen").fetchall()]
+            if str(self.home) not in known:
+                con.execute("INSERT INTO locations VALUES (?, ?)", [str(self.home), datetime.now(UTC).replace(tzinfo=None)])
+        # longest first, so a location inside another maps by its own prefix
+        self.former_homes: tuple[str, ...] = tuple(sorted((k for k in known if k != str(self.home)),
+                                                          key=len, reverse=True))
+
+    def local_path(self, path: str | os.PathLike) -> str:
+        """``path`` as a path in this home: one stored under a directory this home was copied or
+        moved from is mapped here (a copied home never reads, trains from or writes into the
+        original's files); any other path is returned as it is."""
+        text = str(path)
+        for old in self.former_homes:
+            if text == old or text.startswith(old + os.sep):
+                return str(self.home) + text[len(old):]
+        return text
+
+    def is_foreign(self, path: str | os.PathLike) -> bool:
+        """Whether ``path`` lies under a directory this home was copied or moved from."""
+        return self.local_path(path) != str(path)
 
     # -- places beside the tables -------------------------------------------------------
     def _subdir(self, name: str) -> Path:

@@ -58,6 +58,17 @@ def register_model(wh: Warehouse, *, run_name: str, stage: str, result: dict, in
     return wh.append("models", frame, parents=parents)
 
 
+def read_models(wh: Warehouse) -> pl.DataFrame:
+    """The ``models`` table (empty if none) with its checkpoint paths (``path``, ``init_model``)
+    as paths in this home: in a copied home, rows written before the copy name the original's
+    directories, and a copy must never train or evaluate from (or write into) those."""
+    models = wh.read("models", default_empty=True)
+    if models.is_empty() or not wh.former_homes:
+        return models
+    return models.with_columns(pl.col(c).map_elements(wh.local_path, return_dtype=pl.Utf8)
+                               for c in ("path", "init_model"))
+
+
 class FailedAuditError(LookupError):
     """A model whose training-data audit failed was asked for without forcing."""
 
@@ -73,9 +84,7 @@ def refuse_failed_audit(row: dict, accept_failed_audit: bool = False) -> None:
 
 def audited_row(wh: Warehouse, path: str) -> dict | None:
     """The newest ``models`` row whose checkpoint is ``path`` (None: not a registered model)."""
-    if not wh.exists("models"):
-        return None
-    rows = wh.read("models").filter(pl.col("path") == str(path))
+    rows = read_models(wh).filter(pl.col("path") == wh.local_path(path))
     return rows.row(-1, named=True) if rows.height else None
 
 
@@ -92,7 +101,7 @@ POLICY_MODEL = "policy"
 def stage_model(wh: Warehouse, stage: str, accept_failed_audit: bool = False) -> str:
     """The newest model a training stage produced in this home (``model: judge`` in a profile);
     refused when its audit failed, unless accepted."""
-    models = wh.read("models", default_empty=True).filter(pl.col("stage") == stage)
+    models = read_models(wh).filter(pl.col("stage") == stage)
     if models.is_empty():
         raise LookupError(f"model {stage!r}: the `models` table of {wh.home} has no model of stage {stage!r}; "
                           f"train it first (`posttrain train --stage {stage}`) or name a model")
@@ -104,7 +113,7 @@ def rl_start_model(wh: Warehouse, accept_failed_audit: bool = False) -> str:
     """The model the RL stage starts from: the newest ``models`` row of a policy stage before RL;
     refused when its audit failed, unless accepted."""
     before_rl = earlier_stages(STAGE_NAMES[-1])
-    models = wh.read("models", default_empty=True).filter(pl.col("stage").is_in(before_rl))
+    models = read_models(wh).filter(pl.col("stage").is_in(before_rl))
     if models.is_empty():
         raise LookupError(f"model {POLICY_MODEL!r}: no trained pre-RL stage in the `models` table of {wh.home}; "
                           "run the SFT/DPO stages first or name a model")
