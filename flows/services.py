@@ -101,10 +101,13 @@ def _server_record(home: str | os.PathLike | None) -> Path:
 
 
 def running_prefect_server(home: str | os.PathLike | None) -> str | None:
-    """The URL of a live Prefect server recorded for this home, else None (a stale record is removed)."""
+    """The URL of a live Prefect server recorded for this home, else None (a stale record is removed,
+    and so is one copied from another home: that server runs on the other home's database)."""
     record = _server_record(home)
     try:
         data = json.loads(record.read_text())
+        if data.get("home", str(posttrain_home(home))) != str(posttrain_home(home)):
+            raise ValueError("recorded for another home")
         os.kill(int(data["pid"]), 0)  # the recorded process still exists
         if httpx.get(f"{data['url']}/api/health", timeout=3.0).status_code == 200:
             return str(data["url"])
@@ -120,7 +123,7 @@ def record_prefect_server(home: str | os.PathLike | None, service: Service) -> N
     """Note a server this process started (and waited healthy) so others on the home reuse it."""
     record = _server_record(home)
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"url": service.url, "pid": service.proc.pid}))
+    record.write_text(json.dumps({"url": service.url, "pid": service.proc.pid, "home": str(posttrain_home(home))}))
 
 
 def start_mlflow_ui(port: int = 5000, home: str | None = None, tracking_uri: str | None = None) -> Service:

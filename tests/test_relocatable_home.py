@@ -85,3 +85,37 @@ def test_paths_stored_before_a_copy_read_as_the_copy_s_own(tmp_path):
     third = tmp_path / "c"
     shutil.copytree(copy, third)
     assert set(Warehouse(third).former_homes) == {str(original), str(copy)}
+
+
+def test_a_prefect_server_record_copied_from_another_home_is_not_reused(tmp_path):
+    """A copied home's ``prefect/server.json`` names the original's server, whose database is the
+    original's: the copy starts its own instead of writing flow runs there."""
+    import json
+    import os
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from flows.services import running_prefect_server
+
+    class Healthy(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Healthy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        original, copy = tmp_path / "original", tmp_path / "copy"
+        for home in (original, copy):
+            (home / "prefect").mkdir(parents=True)
+            (home / "prefect" / "server.json").write_text(
+                json.dumps({"url": url, "pid": os.getpid(), "home": str(original)}))
+        assert running_prefect_server(original) == url
+        assert running_prefect_server(copy) is None
+        assert not (copy / "prefect" / "server.json").exists()
+    finally:
+        server.shutdown()
