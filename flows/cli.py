@@ -7,6 +7,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -476,7 +478,7 @@ def ui(home: str | None = HomeOpt, prefect_port: int = typer.Option(4200, "--pre
 
     The Prefect server `serve` or another `ui` runs for this home is reused."""
     from flows.deploy import ensure_prefect_server
-    from flows.services import start_mlflow_ui
+    from flows.services import record_server, start_mlflow_ui
     services: list = []  # whatever started is stopped, even if a later start fails
     try:
         with console.status("starting Prefect and MLflow..."):
@@ -486,6 +488,7 @@ def ui(home: str | None = HomeOpt, prefect_port: int = typer.Option(4200, "--pre
             mlflow_ui = start_mlflow_ui(mlflow_port, home)
             services.append(mlflow_ui)
             mlflow_ui.wait_healthy()
+            record_server(home, mlflow_ui, "mlflow")   # flows link their MLflow runs at this port
         reused = "" if prefect is not None else "   (already running for this home: reused)"
         console.print(f"Prefect UI: {api_url.removesuffix('/api')}{reused}")
         # the experiments in MLflow 3's "Model training" view (its default is the GenAI one)
@@ -572,6 +575,43 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated()
 
 
+# the commands that run a Prefect flow
+_FLOW_COMMANDS = {"ingest", "curate", "synthesize", "difficulty", "samples", "references", "train", "evaluate",
+                  "audit", "run"}
+
+
+def _home_from_argv() -> str | None:
+    """The ``--home`` a command was given (None: ``$POSTTRAIN_HOME`` or the default)."""
+    args = sys.argv[1:]
+    for i, arg in enumerate(args):
+        if arg == "--home" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--home="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+@contextmanager
+def _served_prefect() -> Iterator[None]:
+    """Run the command's flows on the Prefect server ``ui`` or ``serve`` runs for its home (their
+    runs then show there, with links both ways), not on a temporary API of their own; as is,
+    when ``PREFECT_API_URL`` is set or nothing serves the home."""
+    from flows.services import running_prefect_server
+
+    if os.environ.get("PREFECT_API_URL") or _command_name() not in _FLOW_COMMANDS:
+        yield
+        return
+    served = running_prefect_server(_home_from_argv())
+    if served is None:
+        yield
+        return
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+
+    err_console.print(f"using the Prefect server that serves this home: {served}", highlight=False)
+    with temporary_settings({PREFECT_API_URL: f"{served}/api", PREFECT_UI_URL: served}):
+        yield
+
+
 def main() -> None:
     """Entry point: errors become one line on stderr and a non-zero exit.
 
@@ -589,7 +629,8 @@ def main() -> None:
     logging.getLogger("prefect.server.services.task_run_recorder").setLevel(logging.CRITICAL)
     try:
         # standalone_mode=False *returns* the code of a typer.Exit a command raised (audit's 1)
-        code = app(standalone_mode=False)
+        with _served_prefect():
+            code = app(standalone_mode=False)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:

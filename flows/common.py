@@ -49,7 +49,54 @@ def flow_context(stage: str, profile: str, home: str | None = None,
     with tracking.tracked_run(stage, params=run_params, tags=tags, experiment=prof.core.experiment,
                               tracking_uri=uri, run_name=run_name) as run_id, \
             recording_flow_run(_prefect_flow_run_id()):
+        link_runs(wh, run_id)
         yield FlowContext(prof, wh, run_id)
+
+
+def mlflow_run_url(mlflow_ui: str, experiment_id: str, run_id: str) -> str:
+    """A run in the MLflow UI at ``mlflow_ui``, in its model-training view (not the GenAI one)."""
+    return f"{mlflow_ui}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+
+
+def link_runs(wh: Warehouse, run_id: str) -> None:
+    """Link this Prefect flow run and its MLflow run both ways: a Prefect link artifact to the run
+    in the MLflow UI serving this home (``posttrain ui``; without one, a note saying how to open
+    it), and the MLflow run's description naming the flow run, a link where a Prefect UI serves it.
+    Nothing outside a Prefect flow run."""
+    from mlflow.tracking import MlflowClient
+    from prefect.runtime import flow_run
+
+    from flows.services import running_mlflow_ui
+
+    flow_run_id = flow_run.get_id()
+    if not flow_run_id:
+        return
+    client = MlflowClient()
+    run = client.get_run(run_id)
+    name = run.data.tags.get("mlflow.runName", run_id)
+    prefect_url = run.data.tags.get("prefect.flow_run_url")
+    flow_run_name = flow_run.get_name()
+    if prefect_url:
+        note = f"Prefect flow run: [{flow_run_name}]({prefect_url})"
+    else:
+        note = (f"Prefect flow run `{flow_run_name}` (id `{flow_run_id}`): open `posttrain ui --home {wh.home}` "
+                "and find it under Runs")
+    tracking.set_tags({"mlflow.note.content": note}, run_id=run_id)
+    try:
+        from prefect.artifacts import create_link_artifact, create_markdown_artifact
+
+        mlflow_ui = running_mlflow_ui(wh.home)
+        if mlflow_ui:
+            create_link_artifact(link=mlflow_run_url(mlflow_ui, run.info.experiment_id, run_id),
+                                 link_text=f"MLflow run: {name}", key="mlflow-run",
+                                 description=f"this flow run's MLflow run (`{run_id}`): params, metrics, plots")
+        else:
+            create_markdown_artifact(
+                f"MLflow run **{name}** (`{run_id}`, experiment `{run.info.experiment_id}`). No MLflow UI serves "
+                f"this home now: `posttrain ui --home {wh.home}` starts one and prints its address.",
+                key="mlflow-run", description="this flow run's MLflow run")
+    except Exception as e:  # noqa: BLE001 - a link must never fail the flow it describes
+        flow_logger().warning("could not link the MLflow run %s in Prefect: %s", run_id, e)
 
 
 def _prefect_flow_run_id() -> str | None:

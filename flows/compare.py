@@ -26,6 +26,7 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from flows.common import mlflow_run_url
 from tasks import tracking
 from tasks.evaluate import ladder_figure, ladder_order
 from tasks.train.config import STAGE_ORDER
@@ -533,12 +534,16 @@ MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"   # where `posttrain ui` serves MLfl
 
 def write_run_report(run_id: str, home: str | os.PathLike | None = None, out_dir: str | os.PathLike | None = None,
                      tracking_uri: str | None = None, log_to_mlflow: bool = True,
-                     mlflow_ui: str = MLFLOW_UI_DEFAULT) -> Path:
+                     mlflow_ui: str | None = None) -> Path:
     """Write ``report.html`` (self-contained: images inlined) for a run and its stage runs.
 
     Also logs it, with the PNGs, as artifacts under ``report/`` of the run. Each run id links
-    to that run in the MLflow UI at ``mlflow_ui``. Returns the path.
+    to that run in the MLflow UI at ``mlflow_ui`` (default: the one ``posttrain ui`` serves this
+    home on, else its default port). Returns the path.
     """
+    from flows.services import running_mlflow_ui
+
+    mlflow_ui = mlflow_ui or running_mlflow_ui(home) or MLFLOW_UI_DEFAULT
     client = _client(home, tracking_uri)
     wh = Warehouse(home)
     family = run_family(client, client.get_run(run_id))
@@ -568,7 +573,7 @@ def write_run_report(run_id: str, home: str | os.PathLike | None = None, out_dir
         (f"<p>Run ids open the run in the MLflow UI that <code>posttrain ui</code> serves on {html.escape(mlflow_ui)}."
          "</p>"),
         _html_table(_stage_rows(family), links={
-            "run_id": f"{mlflow_ui}/#/experiments/{root.info.experiment_id}/runs/{{}}?workflowType=machine_learning"}),
+            "run_id": mlflow_run_url(mlflow_ui, root.info.experiment_id, "{}")}),
         "<h2>What each training stage did: held-out pass@1</h2>",
         _html_table(ladder_frame(ladder), "no per-stage evaluation in this run"),
         _img(plots.get("ladder"), "held-out pass@1 per family after base, SFT, DPO and RL",

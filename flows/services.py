@@ -2,8 +2,10 @@
 
 Each is a child process in its own process group, stopped by pid (SIGINT, then SIGTERM,
 then SIGKILL) when the caller is done. A Prefect server started for a home is recorded in
-``$POSTTRAIN_HOME/prefect/server.json`` (URL and pid): ``posttrain ui`` and ``posttrain
-serve`` reuse a live one instead of starting a second server on the same database.
+``$POSTTRAIN_HOME/prefect/server.json`` (URL, pid, home): ``posttrain ui`` and ``posttrain
+serve`` reuse a live one instead of starting a second server on the same database, and CLI
+commands run their flows on it. The MLflow UI ``posttrain ui`` starts is recorded in
+``$POSTTRAIN_HOME/mlflow-ui.json``, so links to MLflow runs use the port that serves the home.
 """
 from __future__ import annotations
 
@@ -96,20 +98,26 @@ def start_prefect_server(port: int = 4200, home: str | None = None) -> Service:
     return Service("prefect", url, f"{url}/api/health", proc, log)
 
 
-def _server_record(home: str | os.PathLike | None) -> Path:
-    return posttrain_home(home) / "prefect" / "server.json"
+# where a server started for a home is recorded, and the path its health answers on
+_RECORDS = {"prefect": (Path("prefect") / "server.json", "/api/health"),
+            "mlflow": (Path("mlflow-ui.json"), "/health")}
 
 
-def running_prefect_server(home: str | os.PathLike | None) -> str | None:
-    """The URL of a live Prefect server recorded for this home, else None (a stale record is removed,
-    and so is one copied from another home: that server runs on the other home's database)."""
-    record = _server_record(home)
+def _server_record(home: str | os.PathLike | None, kind: str = "prefect") -> Path:
+    return posttrain_home(home) / _RECORDS[kind][0]
+
+
+def running_server(home: str | os.PathLike | None, kind: str) -> str | None:
+    """The URL of a live server of ``kind`` (``prefect``, ``mlflow``) recorded for this home, else
+    None (a stale record is removed, and so is one copied from another home: that server runs on
+    the other home's database)."""
+    record = _server_record(home, kind)
     try:
         data = json.loads(record.read_text())
         if data.get("home", str(posttrain_home(home))) != str(posttrain_home(home)):
             raise ValueError("recorded for another home")
         os.kill(int(data["pid"]), 0)  # the recorded process still exists
-        if httpx.get(f"{data['url']}/api/health", timeout=3.0).status_code == 200:
+        if httpx.get(f"{data['url']}{_RECORDS[kind][1]}", timeout=3.0).status_code == 200:
             return str(data["url"])
     except FileNotFoundError:
         return None
@@ -119,11 +127,26 @@ def running_prefect_server(home: str | os.PathLike | None) -> str | None:
     return None
 
 
-def record_prefect_server(home: str | os.PathLike | None, service: Service) -> None:
-    """Note a server this process started (and waited healthy) so others on the home reuse it."""
-    record = _server_record(home)
+def running_prefect_server(home: str | os.PathLike | None) -> str | None:
+    """The URL of a live Prefect server recorded for this home, else None."""
+    return running_server(home, "prefect")
+
+
+def running_mlflow_ui(home: str | os.PathLike | None) -> str | None:
+    """The URL of a live MLflow UI ``posttrain ui`` started for this home, else None."""
+    return running_server(home, "mlflow")
+
+
+def record_server(home: str | os.PathLike | None, service: Service, kind: str = "prefect") -> None:
+    """Note a server this process started (and waited healthy) so others on the home reuse it
+    (Prefect) or link to it (the MLflow UI)."""
+    record = _server_record(home, kind)
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"url": service.url, "pid": service.proc.pid, "home": str(posttrain_home(home))}))
+
+
+def record_prefect_server(home: str | os.PathLike | None, service: Service) -> None:
+    record_server(home, service, "prefect")
 
 
 def start_mlflow_ui(port: int = 5000, home: str | None = None, tracking_uri: str | None = None) -> Service:
