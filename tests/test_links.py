@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import subprocess
+from pathlib import Path
 
 import httpx
 from test_cli import POSTTRAIN, _started_ui
@@ -54,7 +55,7 @@ def test_a_cli_run_while_ui_serves_the_home_links_both_ways(tmp_path):
             assert re.search(rf"\]\({re.escape(prefect)}/[\w/-]*flow-run/{flow_run_id}\)", note), note
         # the report links runs at the MLflow UI that serves the home, not a fixed port
         report = next(line for line in out.stdout.splitlines() if line.startswith("report: ")).split(" ", 1)[1]
-        assert f"{mlflow_ui}/#/experiments/" in open(report).read()
+        assert f"{mlflow_ui}/#/experiments/" in Path(report).read_text()
     finally:
         ui.send_signal(signal.SIGTERM)
         try:
