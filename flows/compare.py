@@ -120,7 +120,25 @@ def run_family(client: MlflowClient, root: Run) -> RunFamily:
 # -- what a family holds ---------------------------------------------------------------------------
 
 def family_params(family: RunFamily) -> dict[str, str]:
-    return {f"{key}.{name}": value for key, r in family.keyed() for name, value in r.data.params.items()}
+    """Every run's params keyed ``stage.param``; a param already named by its section (curate's
+    ``curate.minhash.threshold``) is not prefixed twice."""
+    return {name if name.startswith(f"{key}.") else f"{key}.{name}": value
+            for key, r in family.keyed() for name, value in r.data.params.items()}
+
+
+MAX_LABEL_SETTINGS = 2
+
+
+def difference_labels(fa: RunFamily, fb: RunFamily, pa: dict[str, str], pb: dict[str, str]) -> tuple[str, str]:
+    """Legends that say what differs: the settings (section paths, ``curate.minhash.threshold``)
+    both runs logged with different values, up to two, else the run names (A / B where equal)."""
+    settings = [k for k in sorted(set(pa) & set(pb)) if pa[k] != pb[k] and k.count(".") >= 2]
+    if settings:
+        shown = settings[:MAX_LABEL_SETTINGS]
+        more = f" (+{len(settings) - len(shown)})" if len(settings) > len(shown) else ""
+        return tuple(", ".join(f"{k}={p[k]}" for k in shown) + more for p in (pa, pb))   # type: ignore[return-value]
+    label_a, label_b = fa.label, fb.label
+    return (f"A {label_a}", f"B {label_b}") if label_a == label_b else (label_a, label_b)
 
 
 def family_metrics(family: RunFamily) -> dict[str, float]:
@@ -275,21 +293,20 @@ def compare(a: str, b: str, out_dir: str | os.PathLike | None = None, home: str 
     client = _client(home, tracking_uri)
     wh = Warehouse(home)
     fa, fb = (run_family(client, resolve_run(client, ref)) for ref in (a, b))
-    label_a, label_b = fa.label, fb.label
-    if label_a == label_b:
-        label_a, label_b = f"A {label_a}", f"B {label_b}"
+    params_a, params_b = family_params(fa), family_params(fb)
+    label_a, label_b = difference_labels(fa, fb, params_a, params_b)
     eval_a, eval_b = eval_pass_at_k(fa), eval_pass_at_k(fb)
     funnel_a, funnel_b = funnel(wh, fa), funnel(wh, fb)
     result = Comparison(
         a=label_a, b=label_b, a_run_id=fa.root.info.run_id, b_run_id=fb.root.info.run_id,
-        params=diff_params(family_params(fa), family_params(fb)),
+        params=diff_params(params_a, params_b),
         metrics=_side_by_side(_metric_frame(family_metrics(fa)), _metric_frame(family_metrics(fb)),
                               ["metric"], "value"),
         eval=_side_by_side(eval_a, eval_b, ["benchmark", "k"], "pass_at_k"),
         funnel=_side_by_side(funnel_a.with_columns(pl.col("rows").cast(pl.Float64)),
                              funnel_b.with_columns(pl.col("rows").cast(pl.Float64)), ["stage", "reason"], "rows"),
         ladder=ladder_side_by_side(eval_ladder(fa), eval_ladder(fb)),
-        params_one_sided=one_sided_params(family_params(fa), family_params(fb)),
+        params_one_sided=one_sided_params(params_a, params_b),
     )
     out = Path(out_dir) if out_dir else wh.artifacts_dir / "compare" / f"{fa.root.info.run_id[:8]}_vs_{fb.root.info.run_id[:8]}"
     out.mkdir(parents=True, exist_ok=True)

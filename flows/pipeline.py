@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -427,7 +428,34 @@ def run_graph(graph: dict[str, Stage], chosen: list[str], submit: Callable[[str,
     return results, problems
 
 
-@flow(name="pipeline", log_prints=True, flow_run_name="pipeline {profile}")
+def pipeline_run_title(profile: str, stages: list[str] | None = None,
+                       environ: dict[str, str] | None = None) -> str:
+    """What a pipeline run is, as both UIs name it: the profile, the stages when not all, and the
+    settings overridden from the environment (``pipeline tiny [curate] curate.minhash.threshold=0.6``)."""
+    from tasks.profile import env_overrides
+
+    title = f"pipeline {Path(profile).name}"
+    if stages and list(stages) != stage_names():
+        title += f" [{', '.join(stages)}]"
+    flat: list[str] = []
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in sorted(node.items()):
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            flat.append(f"{prefix}={node}")
+    walk("", env_overrides(environ))
+    return " ".join([title, *flat])
+
+
+def _pipeline_flow_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    return pipeline_run_title(flow_run.parameters.get("profile", "tiny"), flow_run.parameters.get("stages"))
+
+
+@flow(name="pipeline", log_prints=True, flow_run_name=_pipeline_flow_run_name)
 def pipeline_flow(profile: str = "tiny", stages: list[str] | None = None, home: str | None = None,
                   force: bool = False) -> dict[str, Any]:
     """Run the chosen stages (all by default) as a graph: each once the stages it follows are
@@ -437,7 +465,8 @@ def pipeline_flow(profile: str = "tiny", stages: list[str] | None = None, home: 
     unknown = [s for s in chosen if s not in STAGES]
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; known: {stage_names()}")
-    with flow_context("pipeline", profile, home, {"stages": chosen, "force": force}) as ctx:
+    with flow_context("pipeline", profile, home, {"stages": chosen, "force": force},
+                      run_name=pipeline_run_title(profile, stages)) as ctx:
         def inputs(upstream_results: list) -> Refs:
             return handed_over(ctx.wh, [r.get("table_refs") or {} for r in upstream_results])
 

@@ -63,7 +63,9 @@ def test_compare_shows_params_metrics_eval_and_funnel_side_by_side(two_runs, hom
     a, b = two_runs
     result = compare(a, b, out_dir=tmp_path / "cmp", home=home)
     params = {r["param"]: (r["a"], r["b"]) for r in result.params.iter_rows(named=True)}
-    assert params == {"curate.curate.minhash_threshold": ("0.8", "0.7"), "train.rl.lr": ("0.0001", "0.0003")}
+    assert params == {"curate.minhash_threshold": ("0.8", "0.7"), "train.rl.lr": ("0.0001", "0.0003")}
+    # the legends say what differs, not a run id
+    assert (result.a, result.b) == ("train.rl.lr=0.0001", "train.rl.lr=0.0003")
 
     metrics = {r["metric"]: (r["a"], r["b"], r["delta"]) for r in result.metrics.iter_rows(named=True)}
     assert metrics["train/rl.reward_mean"] == pytest.approx((0.25, 0.6, 0.35))   # final values

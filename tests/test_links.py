@@ -35,11 +35,11 @@ def test_a_cli_run_while_ui_serves_the_home_links_both_ways(tmp_path):
         api = f"{prefect}/api"
         runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=30).json()
         by_name = {r["name"]: r for r in runs}
-        assert {"pipeline tiny", "ingest"} <= set(by_name), list(by_name)
+        assert {"pipeline tiny [ingest]", "ingest"} <= set(by_name), list(by_name)
         artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["mlflow-run"]}}},
                                timeout=30).json()
         links = {a["flow_run_id"]: a for a in artifacts}
-        for name in ("pipeline tiny", "ingest"):
+        for name in ("pipeline tiny [ingest]", "ingest"):
             artifact = links[by_name[name]["id"]]
             # a link (Prefect stores it as markdown, `[text](url)`) at the port the MLflow UI serves
             assert re.fullmatch(rf"\[MLflow run: \w+\]\({re.escape(mlflow_ui)}/#/experiments/\w+/runs/\w+"

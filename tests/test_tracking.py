@@ -10,8 +10,9 @@ def _client(home):
     return MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
 
 
-def test_pipeline_run_has_child_runs_with_dataset_inputs(home, tmp_path):
+def test_pipeline_run_has_child_runs_with_dataset_inputs(home, tmp_path, monkeypatch):
     from flows.pipeline import pipeline_flow
+    monkeypatch.setenv("POSTTRAIN__CURATE__MINHASH__THRESHOLD", "0.6")   # an override: in the run's name
     res = pipeline_flow(profile="tiny", stages=["ingest"], home=str(home))
     client = _client(home)
     parent = client.get_run(res["mlflow_run_id"])
@@ -35,8 +36,11 @@ def test_pipeline_run_has_child_runs_with_dataset_inputs(home, tmp_path):
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     with get_client(sync_client=True) as prefect:
         arts = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["posttrain-run-summary"])))
-        # flow runs named by what they are, not a random adjective-animal
-        assert prefect.read_flow_run(parent.data.tags["prefect.flow_run_id"]).name == "pipeline tiny"
+        # flow runs named by what they are (the stages, the overridden settings), not a random
+        # adjective-animal, and the MLflow run alike
+        title = "pipeline tiny [ingest] curate.minhash.threshold=0.6"
+        assert prefect.read_flow_run(parent.data.tags["prefect.flow_run_id"]).name == title
+        assert parent.info.run_name == title
         assert prefect.read_flow_run(child.data.tags["prefect.flow_run_id"]).name == "ingest"
     mine = [a for a in arts if str(a.flow_run_id) == parent.data.tags["prefect.flow_run_id"]]
     assert len(mine) == 1 and res["mlflow_run_id"] in mine[0].data and res["report"] in mine[0].data
