@@ -9,7 +9,7 @@ from tasks import tracking
 from tasks.curate import CurateConfig, run_curate
 from tasks.curate.parallel import DaskMapper, LocalMapper
 from tasks.curate.pipeline import CURATED_INPUTS
-from tasks.curate.report import log_curate
+from tasks.curate.report import log_curate, log_removed, removed_rows
 from warehouse import TableRef, Warehouse
 
 
@@ -30,6 +30,25 @@ def curate_task(home: str, cfg: CurateConfig, run_id: str, task_runner: str, das
         return run_curate(Warehouse(home), cfg, run_id=run_id, mapper=mapper, step=prefect_step, sources=sources)
     finally:
         mapper.close()
+
+
+def publish_removed(removed: dict) -> None:
+    """Each block's removed rows as a Prefect table artifact on this flow run (``curate-removed-
+    minhash`` ...): what was removed, why, and what it matched, where a user looks at the run."""
+    from prefect.artifacts import create_table_artifact
+
+    from tasks.curate.report import MAX_REMOVED_SHOWN
+
+    for stage, frame in removed.items():
+        block = stage.split(".", 1)[-1]
+        shown = frame.head(MAX_REMOVED_SHOWN).drop("row_id")
+        more = f" (the first {MAX_REMOVED_SHOWN}; `posttrain sql` on `decisions` has all)" \
+            if frame.height > MAX_REMOVED_SHOWN else ""
+        try:
+            create_table_artifact(shown.to_dicts(), key=f"curate-removed-{block.replace('_', '-')}",
+                                  description=f"{frame.height} row(s) curate's {block} block removed{more}")
+        except Exception as e:  # noqa: BLE001 - outside a flow run, or an API hiccup: the MLflow table stands
+            flow_logger().warning("curate: could not publish the %s removals to Prefect: %s", block, e)
 
 
 @flow(name="curate", log_prints=True, flow_run_name="curate")
@@ -58,9 +77,16 @@ def curate_flow(profile: str = "tiny", home: str | None = None, dask_processes: 
         if result.counters.get("from_scratch"):
             log.info("curate: the pools were made with other settings (or unrecorded ones): every prompt "
                      "is curated again; the previous pool snapshots stay for comparison")
-        for stage in result.stages.values():
-            log.info("%s: %d in, %d kept, %d removed %s", stage.stage, stage.rows_in, stage.kept,
-                     stage.removed_total, dict(stage.removed))
+        if not any(stage.rows_in for stage in result.stages.values()):
+            log.info("curate: no new prompts since the last curated snapshot: nothing to curate, the pools "
+                     "stand as they are")
+        else:
+            for stage in result.stages.values():
+                log.info("%s: %d in, %d kept, %d removed %s", stage.stage, stage.rows_in, stage.kept,
+                         stage.removed_total, dict(stage.removed))
+        removed = removed_rows(ctx.wh, ctx.run_id, inputs.get("prompts"), inputs.get("benchmarks"))
+        log_removed(removed, run_id=ctx.run_id)
+        publish_removed(removed)
         outputs = ctx.log_outputs(result.refs)
         report_progress("curate", "done")
         return {"mlflow_run_id": ctx.run_id, "tables": outputs, "runner": core.task_runner,

@@ -71,6 +71,15 @@ def test_curate_flow_pools_accounting_mlflow(home, wh):
     assert run.data.metrics["curate.rows_new"] == len(PROMPTS)
     artifacts = {a.path for a in MlflowClient().list_artifacts(run.info.run_id, "plots")}
     assert {"plots/curate_funnel.png", "plots/curate_similarity.png"} <= artifacts
+    # the removed rows, per block, in MLflow (a table) and in Prefect (a table artifact): what, why, matched what
+    tables = {a.path for a in MlflowClient().list_artifacts(run.info.run_id, "curate/removed")}
+    assert {"curate/removed/decontam.json", "curate/removed/exact.json", "curate/removed/filter.json"} <= tables
+    import json
+    from pathlib import Path
+    table = json.loads(Path(MlflowClient().download_artifacts(run.info.run_id, "curate/removed/decontam.json")).read_text())
+    row = dict(zip(table["columns"], table["data"][0]))
+    assert row["prompt"] == BENCH[0]["prompt"] and row["matched_id"] == "tinybench:b1" and row["reason"]
+    assert row["matched"] == BENCH[0]["prompt"]
 
     # each block is its own Prefect task run in the flow run's graph, in order
     from prefect.client.orchestration import get_client
@@ -82,6 +91,14 @@ def test_curate_flow_pools_accounting_mlflow(home, wh):
     assert names == ["curate.filter", "curate.exact", "curate.minhash", "curate.semantic", "curate.keep",
                      "curate.decontaminate", "curate.split"], names
     assert all(r.state.is_completed() for r in runs)
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+    with get_client(sync_client=True) as prefect:
+        arts = prefect.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
+            any_=[run.data.tags["prefect.flow_run_id"]])))
+    removed_tables = {a.key: a for a in arts if a.type == "table"}
+    assert {"curate-removed-decontam", "curate-removed-exact", "curate-removed-filter"} <= set(removed_tables)
+    assert "tinybench:b1" in str(removed_tables["curate-removed-decontam"].data)
+    assert "1 row(s)" in removed_tables["curate-removed-exact"].description
 
 
 def test_changed_settings_recompute_every_row_and_unchanged_ones_do_not(home, wh, monkeypatch):
