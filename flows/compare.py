@@ -28,7 +28,7 @@ from mlflow.tracking import MlflowClient
 
 from flows.common import mlflow_run_url
 from tasks import tracking
-from tasks.evaluate import ladder_figure, ladder_order
+from tasks.evaluate import ladder_figure, ladder_order, ladder_verdict
 from tasks.train.config import STAGE_ORDER
 from warehouse import Warehouse
 
@@ -543,7 +543,8 @@ def _dataset_rows(family: RunFamily) -> pl.DataFrame:
 
 REPORT_CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}
 table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}
-th{background:#f3f3f3}img{max-width:100%}figure{margin:1em 0}figcaption{color:#666;font-size:12px}"""
+th{background:#f3f3f3}img{max-width:100%}figure{margin:1em 0}figcaption{color:#666;font-size:12px}
+.verdict{font-size:16px;padding:.6em .8em;background:#f1f7f1;border-left:4px solid #2e8b57}"""
 
 
 MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"   # where `posttrain ui` serves MLflow unless told otherwise
@@ -580,10 +581,14 @@ def write_run_report(run_id: str, home: str | os.PathLike | None = None, out_dir
     metrics = _metric_frame(dict(sorted(family_metrics(family).items())))
     root = family.root
     started = datetime.fromtimestamp(root.info.start_time / 1000, tz=UTC).isoformat(timespec="seconds")
+    violations = [v for k, v in family_metrics(family).items() if k.endswith("audit.violations")]
+    verdict = ladder_verdict(ladder, (violations[-1] == 0) if violations else None)
+    datasets = _dataset_rows(family)
     parts = [
         (f"<!doctype html><html><head><meta charset='utf-8'><title>posttrain run {html.escape(label)}</title>"
          f"<style>{REPORT_CSS}</style></head><body>"),
         f"<h1>posttrain run {html.escape(label)}</h1>",
+        *([f"<p class='verdict'><strong>{html.escape(verdict)}</strong></p>"] if verdict else []),
         (f"<p>run id <code>{root.info.run_id}</code>, status {root.info.status}, started {started}, "
          f"experiment <code>{html.escape(client.get_experiment(root.info.experiment_id).name)}</code></p>"),
         "<h2>Stages</h2>",
@@ -604,7 +609,7 @@ def write_run_report(run_id: str, home: str | os.PathLike | None = None, out_dir
         _img(plots.get("funnel"), "rows removed per stage and reason", "no rows were removed in this run"),
         "<h2>Reward curves</h2>", _img(plots.get("reward_curves"), "reward curves",
                                        "no stage of this run logged a reward over more than one step"),
-        "<h2>Datasets</h2>", _html_table(_dataset_rows(family), "no datasets logged"),
+        _collapsible(f"Datasets ({datasets.height})", _html_table(datasets, "no datasets logged")),
         _collapsible(f"Final metrics ({metrics.height})", _html_table(metrics)),
         _collapsible(f"Parameters ({params.height})", _html_table(params)),
         "</body></html>",

@@ -497,6 +497,7 @@ def pipeline_flow(profile: str = "tiny", stages: list[str] | None = None, home: 
     results["report"] = str(write_run_report(results["mlflow_run_id"], home=home))
     log.info("run report: %s", results["report"])
     publish_summary(results)
+    describe_run(results)
     return results
 
 
@@ -519,15 +520,16 @@ def headline_metrics(results: dict[str, Any]) -> dict[str, float]:
 def run_summary_markdown(results: dict[str, Any]) -> str:
     """What the Prefect flow run shows on its Artifacts tab: where the run lives in MLflow,
     the report, and the held-out table when the run evaluated."""
-    from tasks.evaluate import ladder_order
+    from tasks.evaluate import ladder_order, ladder_verdict
 
-    lines = ["# posttrain run", "",
+    audit = results.get("audit")
+    ladder = (results.get("evaluate") or {}).get("ladder") or {}
+    verdict = ladder_verdict(ladder, audit.get("passed") if isinstance(audit, dict) else None)
+    lines = ["# posttrain run", "", *([f"**{verdict}**", ""] if verdict else []),
              f"- MLflow run: `{results['mlflow_run_id']}` (tracking store `{tracking.mlflow.get_tracking_uri()}`)",
              f"- report: `{results['report']}`"]
-    audit = results.get("audit")
     if isinstance(audit, dict) and "passed" in audit:
         lines.append(f"- audit: {'passed' if audit['passed'] else 'FAILED'}, {audit.get('violations', 0)} violation(s)")
-    ladder = (results.get("evaluate") or {}).get("ladder") or {}
     if ladder:
         stages = list(dict.fromkeys(s for v in ladder.values() for s in v))
         lines += ["", "## Held-out pass@1 after each stage", "", "| benchmark | " + " | ".join(stages) + " |",
@@ -536,6 +538,18 @@ def run_summary_markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {bench} | " + " | ".join(f"{ladder[bench][s]:.3f}" if s in ladder[bench] else ""
                                                        for s in stages) + " |")
     return "\n".join(lines)
+
+
+def describe_run(results: dict[str, Any]) -> None:
+    """The pipeline's MLflow run description (what MLflow shows atop the run): its Prefect flow
+    run, then the verdict and the held-out table, so the run page answers "did training help?"."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    run_id = results["mlflow_run_id"]
+    note = client.get_run(run_id).data.tags.get("mlflow.note.content", "")
+    summary = run_summary_markdown(results).split("\n", 2)[-1]   # without its "# posttrain run" title
+    tracking.set_tags({"mlflow.note.content": f"{note}\n\n{summary}".strip()}, run_id=run_id)
 
 
 def publish_summary(results: dict[str, Any]) -> None:

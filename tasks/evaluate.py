@@ -338,6 +338,32 @@ def ladder_order(ladder: dict) -> list[str]:
     return sorted(ladder, key=lambda b: (not b.startswith(f"{SYNTHETIC_BENCHMARK}/"), b != SYNTHETIC_BENCHMARK, b))
 
 
+def ladder_verdict(ladder: dict[str, dict[str, float]], audit_passed: bool | None = None) -> str | None:
+    """One line a user reads first: did training help on held-out families (the mean pass@1 of
+    the synthetic families, first stage -> last, and RL over the stage before it), and the
+    audit; None when the run evaluated no stage ladder."""
+    families = [b for b in ladder if b.startswith(f"{SYNTHETIC_BENCHMARK}/")] or \
+        [b for b in ladder if b == SYNTHETIC_BENCHMARK]
+    stages = list(dict.fromkeys(s for b in families for s in ladder[b]))
+    if not families or len(stages) < 2:
+        return None
+
+    def mean(stage: str) -> float:
+        values = [ladder[b][stage] for b in families if stage in ladder[b]]
+        return sum(values) / len(values) if values else float("nan")
+
+    first, last = stages[0], stages[-1]
+    gain = mean(last) - mean(first)
+    line = (f"Training {'helped' if gain > 0 else 'did not help'}: mean held-out pass@1 over {len(families)} "
+            f"famil{'y' if len(families) == 1 else 'ies'} {mean(first):.2f} ({first}) -> {mean(last):.2f} ({last}), "
+            f"{gain:+.2f}")
+    if len(stages) > 2:
+        line += f"; {last} vs {stages[-2]} {mean(last) - mean(stages[-2]):+.2f}"
+    if audit_passed is not None:
+        line += f"; training-data audit {'passed' if audit_passed else 'FAILED'}"
+    return line + "."
+
+
 def ladder_figure(ladder: dict[str, dict[str, float]], title: str):
     """One small chart per held-out synthetic family (and the pooled mean): pass@1 after each stage."""
     import matplotlib

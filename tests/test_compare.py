@@ -177,8 +177,8 @@ def test_report_leads_with_the_summary_folds_the_long_tables_and_says_why_a_char
     headings, folded = _sections(write_run_report(a, home=home, out_dir=tmp_path / "a", log_to_mlflow=False)
                                  .read_text())
     assert headings[:2] == ["Stages", "What each training stage did: held-out pass@1"]
-    assert [h.split(" (")[0] for h in folded] == ["Final metrics", "Parameters"] == \
-        [h.split(" (")[0] for h in headings[-2:]]
+    assert [h.split(" (")[0] for h in folded] == ["Datasets", "Final metrics", "Parameters"] == \
+        [h.split(" (")[0] for h in headings[-3:]]
     # a run that logged nothing to draw: every chart says why it is absent
     with tracking.tracked_run("pipeline", experiment="exp-empty") as empty, tracking.tracked_run("ingest"):
         tracking.log_counters({"rows": 3}, prefix="ingest")
@@ -242,3 +242,16 @@ def test_the_judge_table_reads_logged_metrics_and_prints_whole_at_80_columns():
         cli.console = saved
     text = console.export_text()
     assert "…" not in text and "object_properties" in text and "1.0e-09" in text
+
+
+def test_the_verdict_line_says_whether_training_helped():
+    from tasks.evaluate import ladder_verdict
+
+    ladder = {"synthetic_heldout/a": {"base": 0.1, "sft_long": 0.3, "rl": 0.5},
+              "synthetic_heldout/b": {"base": 0.0, "sft_long": 0.2, "rl": 0.1},
+              "synthetic_heldout": {"base": 0.05, "sft_long": 0.25, "rl": 0.3}, "math500": {"base": 0.0, "rl": 0.0}}
+    assert ladder_verdict(ladder, True) == ("Training helped: mean held-out pass@1 over 2 families 0.05 (base) -> "
+                                            "0.30 (rl), +0.25; rl vs sft_long +0.05; training-data audit passed.")
+    worse = {"synthetic_heldout/a": {"base": 0.4, "rl": 0.2}}
+    assert ladder_verdict(worse).startswith("Training did not help: mean held-out pass@1 over 1 family 0.40 (base)")
+    assert ladder_verdict({"math500": {"base": 0.0}}) is None

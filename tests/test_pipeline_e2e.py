@@ -124,6 +124,11 @@ def test_default_run_reports_and_tracks_the_ladder(default_run):
     report = home / "artifacts" / "reports" / res["mlflow_run_id"] / "report.html"
     html = report.read_text()
     assert "What each training stage did" in html and "The GenRM judge on held-out items" in html
+    # one line atop the report and the MLflow run's description answer "did training help?"
+    assert "<p class='verdict'><strong>Training helped: mean held-out pass@1 over 3 families" in html
+    assert "training-data audit passed" in html
+    note = parent.data.tags["mlflow.note.content"]
+    assert note.startswith("Prefect flow run") and "Training helped" in note and "| benchmark |" in note
     assert html.count("data:image/png;base64") >= 2
 
 
