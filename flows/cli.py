@@ -292,7 +292,9 @@ def serve(
     from flows.deploy import serve as serve_deployments
 
     def ready(handle) -> None:
-        console.print(f"Prefect UI: {handle.ui_url}   work pool: {handle.pool}")
+        reused = "" if handle.server is not None else \
+            "   (reused: the server another command runs for this home; it stays up while serve runs)"
+        console.print(f"Prefect UI: {handle.ui_url}   work pool: {handle.pool}{reused}")
         for d in handle.deployments:
             console.print(f"  deployed {d}")
         console.print("worker running; press Ctrl-C to stop" if not duration else f"stopping in {duration:.0f}s")
@@ -470,6 +472,24 @@ def _print_summary(res: dict, elapsed: float, home: str | None) -> None:
                   highlight=False)
 
 
+def _newest_experiment(home: str | None) -> tuple[str, str] | None:
+    """(id, name) of the home's experiment with the newest run, for a link that lands on its runs."""
+    from mlflow.tracking import MlflowClient
+
+    from tasks import tracking
+    from warehouse import posttrain_home
+    store = posttrain_home(home) / "mlflow.db"
+    if not store.exists():
+        return None
+    client = MlflowClient(tracking_uri=tracking.default_tracking_uri(home))
+    experiments = {e.experiment_id: e.name for e in client.search_experiments() if e.name != "Default"}
+    if not experiments:
+        return None
+    runs = client.search_runs(list(experiments), order_by=["attributes.start_time DESC"], max_results=1)
+    chosen = runs[0].info.experiment_id if runs else next(iter(experiments))
+    return chosen, experiments[chosen]
+
+
 @app.command()
 def ui(home: str | None = HomeOpt, prefect_port: int = typer.Option(4200, "--prefect-port"),
        mlflow_port: int = typer.Option(5000, "--mlflow-port"),
@@ -478,13 +498,19 @@ def ui(home: str | None = HomeOpt, prefect_port: int = typer.Option(4200, "--pre
 
     The Prefect server `serve` or another `ui` runs for this home is reused."""
     from flows.deploy import ensure_prefect_server
-    from flows.services import record_server, start_mlflow_ui
+    from flows.services import (
+        record_server,
+        release_prefect_server,
+        start_mlflow_ui,
+        using_prefect_server,
+    )
     services: list = []  # whatever started is stopped, even if a later start fails
+    prefect = None
+    using = using_prefect_server(home, "posttrain ui")
+    using.__enter__()
     try:
         with console.status("starting Prefect and MLflow..."):
             api_url, prefect = ensure_prefect_server(home, prefect_port)
-            if prefect is not None:
-                services.append(prefect)
             mlflow_ui = start_mlflow_ui(mlflow_port, home)
             services.append(mlflow_ui)
             mlflow_ui.wait_healthy()
@@ -493,6 +519,10 @@ def ui(home: str | None = HomeOpt, prefect_port: int = typer.Option(4200, "--pre
         console.print(f"Prefect UI: {api_url.removesuffix('/api')}{reused}")
         # the experiments in MLflow 3's "Model training" view (its default is the GenAI one)
         console.print(f"MLflow UI:  {mlflow_ui.url}/#/experiments?workflowType=machine_learning")
+        newest = _newest_experiment(home)
+        if newest is not None:
+            console.print(f"   newest runs ({newest[1]}): "
+                          f"{mlflow_ui.url}/#/experiments/{newest[0]}/runs?workflowType=machine_learning")
         console.print("press Ctrl-C to stop" if not duration else f"stopping in {duration:.0f}s")
         deadline = time.time() + duration if duration else None
         while deadline is None or time.time() < deadline:
@@ -502,6 +532,9 @@ def ui(home: str | None = HomeOpt, prefect_port: int = typer.Option(4200, "--pre
     finally:
         for service in services:
             service.stop()
+        using.__exit__(None, None, None)
+        # the Prefect server stays up while `serve` (or another `ui`) depends on it
+        release_prefect_server(home, prefect, lambda line: console.print(line, highlight=False))
 
 
 @profile_app.command("show")

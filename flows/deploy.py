@@ -32,9 +32,11 @@ from flows.services import (
     bin_path,
     free_port,
     record_prefect_server,
+    release_prefect_server,
     running_prefect_server,
     start_prefect_server,
     start_process,
+    using_prefect_server,
 )
 from warehouse import posttrain_home
 
@@ -222,8 +224,15 @@ class Served:
 @contextmanager
 def served(home: str | os.PathLike | None = None, port: int = 4200, pool: str = DEFAULT_POOL,
            deployments: list[str] | None = None, worker: bool = True) -> Iterator[Served]:
-    """Server (started or reused), work pool, deployments and a worker, stopped on exit."""
-    api_url, server = ensure_prefect_server(home, port)
+    """Server (started or reused), work pool, deployments and a worker, stopped on exit (the
+    server only when no other command depends on it: ``release_prefect_server``)."""
+    using = using_prefect_server(home, "posttrain serve")
+    using.__enter__()
+    try:
+        api_url, server = ensure_prefect_server(home, port)
+    except BaseException:
+        using.__exit__(None, None, None)
+        raise
     worker_service = None
     try:
         ensure_work_pool(api_url, pool)
@@ -236,8 +245,12 @@ def served(home: str | os.PathLike | None = None, port: int = 4200, pool: str = 
     finally:
         if worker_service is not None:
             worker_service.stop()
-        if server is not None:
-            server.stop()
+        using.__exit__(None, None, None)
+        release_prefect_server(home, server, lambda line: print(line, flush=True))
+
+
+SERVER_CHECK_S = 2.0      # how often `serve` checks that its Prefect server still answers
+SERVER_GONE_S = 6.0       # and how long it may not answer before `serve` exits with an error
 
 
 def serve(home: str | os.PathLike | None = None, port: int = 4200, pool: str = DEFAULT_POOL,
@@ -250,11 +263,23 @@ def serve(home: str | os.PathLike | None = None, port: int = 4200, pool: str = D
         if on_ready is not None:
             on_ready(handle)
         deadline = time.time() + duration if duration > 0 else None
+        unhealthy_since: float | None = None
+        next_check = time.time() + SERVER_CHECK_S
         try:
             while deadline is None or time.time() < deadline:
                 if handle.worker is not None and handle.worker.proc.poll() is not None:
                     raise RuntimeError(f"the worker stopped (exit code {handle.worker.proc.returncode}); "
                                        f"log: {handle.worker.log_path}")
+                if time.time() >= next_check:   # a server another command started can go away under us
+                    next_check = time.time() + SERVER_CHECK_S
+                    if api_healthy(handle.api_url):
+                        unhealthy_since = None
+                    elif unhealthy_since is None:
+                        unhealthy_since = time.time()
+                    elif time.time() - unhealthy_since >= SERVER_GONE_S:
+                        who = "this command" if handle.server is not None else "another command (`posttrain ui`)"
+                        raise RuntimeError(f"the Prefect server at {handle.ui_url}, started by {who}, is gone: the "
+                                           "worker has no API to take runs from; start `posttrain serve` again")
                 time.sleep(0.5)
         except KeyboardInterrupt:
             pass

@@ -16,11 +16,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from tasks.tracking import relocate_store
 from warehouse import posttrain_home
 
 
@@ -142,17 +145,102 @@ def record_server(home: str | os.PathLike | None, service: Service, kind: str = 
     (Prefect) or link to it (the MLflow UI)."""
     record = _server_record(home, kind)
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"url": service.url, "pid": service.proc.pid, "home": str(posttrain_home(home))}))
+    record.write_text(json.dumps({"url": service.url, "pid": service.proc.pid, "home": str(posttrain_home(home)),
+                                  "owner": os.getpid()}))
 
 
 def record_prefect_server(home: str | os.PathLike | None, service: Service) -> None:
     record_server(home, service, "prefect")
 
 
+# -- who depends on a home's Prefect server --------------------------------------------------------
+# `ui` and `serve` each note themselves in prefect/users/<pid> while they run: the command that
+# started the server leaves it running while another depends on it, and the last one out stops a
+# server whose starter is gone.
+
+def _users_dir(home: str | os.PathLike | None) -> Path:
+    return posttrain_home(home) / "prefect" / "users"
+
+
+@contextmanager
+def using_prefect_server(home: str | os.PathLike | None, command: str) -> Iterator[None]:
+    """This process depends on the home's Prefect server while inside."""
+    from tasks.train.proc import process_start_time
+
+    users = _users_dir(home)
+    users.mkdir(parents=True, exist_ok=True)
+    mine = users / str(os.getpid())
+    mine.write_text(json.dumps({"command": command, "started": process_start_time(os.getpid())}))
+    try:
+        yield
+    finally:
+        mine.unlink(missing_ok=True)
+
+
+def other_users(home: str | os.PathLike | None) -> list[str]:
+    """The other live commands that depend on the home's Prefect server (``posttrain serve (pid
+    N)``); records of processes that are gone are removed."""
+    from tasks.train.proc import process_alive
+
+    out = []
+    users = _users_dir(home)
+    for path in sorted(users.glob("*")) if users.exists() else []:
+        try:
+            pid, data = int(path.name), json.loads(path.read_text())
+        except (ValueError, OSError):
+            path.unlink(missing_ok=True)
+            continue
+        if pid == os.getpid():
+            continue
+        if process_alive(pid, data.get("started")):
+            out.append(f"{data.get('command', 'a command')} (pid {pid})")
+        else:
+            path.unlink(missing_ok=True)
+    return out
+
+
+def release_prefect_server(home: str | os.PathLike | None, own: Service | None, log) -> None:
+    """On the way out of ``ui`` / ``serve``: stop the server this command started unless another
+    command depends on it (then it is left running, and said so); a command that reused a server
+    whose starter has gone stops it when no one else depends on it."""
+    from tasks.train.proc import process_alive
+
+    others = other_users(home)
+    if others:
+        if own is not None:
+            log(f"leaving the Prefect server {own.url} running: {', '.join(others)} depends on it")
+        return
+    if own is not None:
+        own.stop()
+        _server_record(home).unlink(missing_ok=True)
+        return
+    record = _server_record(home)
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return
+    if data.get("home", str(posttrain_home(home))) != str(posttrain_home(home)) or \
+            process_alive(data.get("owner")) or not process_alive(data.get("pid")):
+        return
+    log(f"stopping the Prefect server {data['url']}: its starter has exited and nothing else depends on it")
+    for sig, wait in ((signal.SIGINT, 20.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(int(data["pid"]), sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        deadline = time.time() + wait
+        while time.time() < deadline and process_alive(int(data["pid"])):
+            time.sleep(0.2)
+        if not process_alive(int(data["pid"])):
+            break
+    record.unlink(missing_ok=True)
+
+
 def start_mlflow_ui(port: int = 5000, home: str | None = None, tracking_uri: str | None = None) -> Service:
     home_path = posttrain_home(home)
     port = free_port(port)
     store = tracking_uri or f"sqlite:///{home_path / 'mlflow.db'}"
+    relocate_store(store)   # a copied home's UI shows (and serves) its own artifacts
     artifacts = home_path / "artifacts" / "mlflow"
     artifacts.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
