@@ -53,7 +53,7 @@ def _stop(*procs) -> None:
 @pytest.mark.timeout(600)
 def test_ui_leaves_the_server_serve_uses_and_serve_stops_it_last(tmp_path):
     home = tmp_path / "home"
-    ui, seen = _started_ui(home)
+    ui, _ = _started_ui(home)
     serve = None
     try:
         record = json.loads((home / "prefect" / "server.json").read_text())
@@ -77,7 +77,7 @@ def test_ui_leaves_the_server_serve_uses_and_serve_stops_it_last(tmp_path):
 @pytest.mark.timeout(600)
 def test_serve_exits_with_an_error_when_the_server_it_reused_goes_away(tmp_path):
     home = tmp_path / "home"
-    ui, seen = _started_ui(home)
+    ui, _ = _started_ui(home)
     serve = None
     try:
         record = json.loads((home / "prefect" / "server.json").read_text())
