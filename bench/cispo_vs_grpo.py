@@ -48,7 +48,7 @@ def prepare(home: Path):
     wh = Warehouse(home)
     rows = []
     for name in TASKS:
-        rows += generate_task_instances.fn(name, [0], 12, 0, 3, "configured")["rows"]
+        rows += generate_task_instances(name, [0], 12, 0, 3, "configured")["rows"]
     wh.write("synthetic_tasks", pl.DataFrame(rows))
     # no difficulty stage in this bench: RL-side prompts train undecided
     cfg = TrainConfig(base_model={"kind": "hybrid", "name": "bench-base", "tokenizer_texts": 200},

@@ -53,7 +53,7 @@ def rl_prompts(home: Path, args) -> list[dict]:
     wh = Warehouse(home)
     rows = []
     for name in args.families:
-        rows += generate_task_instances.fn(name, [0], args.prompts_per_family, 0, 3, "configured")["rows"]
+        rows += generate_task_instances(name, [0], args.prompts_per_family, 0, 3, "configured")["rows"]
     wh.write("synthetic_tasks", pl.DataFrame(rows, infer_schema_length=None))
     cfg = train_config(args)
     refs, _ = write_training_tables(wh, cfg, _tokenizer(), tables=["rl_prompts"])

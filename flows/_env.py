@@ -10,6 +10,9 @@ def apply_defaults() -> None:
     # the ephemeral API server starts slowly on 2 busy cores (default timeout 20 s)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+    # tasks/ log to standard `posttrain.*` loggers (Prefect stays in flows/); inside a flow run
+    # Prefect sends their records to the run's log in the UI as well
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "posttrain")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

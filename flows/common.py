@@ -46,11 +46,28 @@ def flow_context(stage: str, profile: str, home: str | None = None,
         raise WarehouseError(f"the MLflow store {uri} lies in a home {wh.home} was copied from "
                              f"({', '.join(wh.former_homes)}): a copy never writes into the original (unset "
                              "MLFLOW_TRACKING_URI, or point it at this home's mlflow.db)")
-    with tracking.tracked_run(stage, params=run_params, tags=tags, experiment=prof.core.experiment,
+    with tracking.tracked_run(stage, params=run_params, tags={**tags, **prefect_run_tags()}, experiment=prof.core.experiment,
                               tracking_uri=uri, run_name=run_name) as run_id, \
             recording_flow_run(_prefect_flow_run_id()):
         link_runs(wh, run_id)
         yield FlowContext(prof, wh, run_id)
+
+
+def prefect_run_tags() -> dict[str, str]:
+    """The Prefect flow (and task) run an MLflow run belongs to, as its tags: ids, the flow's
+    name, and the flow run's URL where a Prefect UI serves it (not a temporary API)."""
+    from prefect.runtime import flow_run, task_run
+    from prefect.settings import PREFECT_UI_URL
+
+    tags = {}
+    if flow_run.get_id():
+        tags["prefect.flow_run_id"] = str(flow_run.get_id())
+        tags["prefect.flow_name"] = str(flow_run.get_flow_name())
+        if PREFECT_UI_URL.value():
+            tags["prefect.flow_run_url"] = str(flow_run.get_flow_run_ui_url())
+    if task_run.get_id():
+        tags["prefect.task_run_id"] = str(task_run.get_id())
+    return tags
 
 
 def mlflow_run_url(mlflow_ui: str, experiment_id: str, run_id: str) -> str:

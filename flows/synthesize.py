@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from prefect import flow
+from prefect import flow, task
 
 from flows.common import flow_context, flow_logger, report_progress
 from tasks import tracking
@@ -16,7 +16,17 @@ from tasks.rollout.config import RolloutConfig
 from tasks.rollout.factory import make_backend
 from tasks.synth.calibration import rollout_solver
 from tasks.synth.config import SynthesizeConfig
-from tasks.synthesize import run_calibration, run_synthesis
+from tasks.synthesize import generate_task_instances, run_calibration, run_synthesis
+
+# one Prefect task run per synthetic task, on the flow's task runner
+generate_task = task(name="synthesize-task-instances")(generate_task_instances)
+
+
+def prefect_map(fn, calls: list[tuple]) -> list:
+    """Each call of ``fn`` (the generator) as its own task run, side by side on the flow's runner."""
+    runner = generate_task if fn is generate_task_instances else task(name=f"synthesize-{fn.__name__}")(fn)
+    futures = [runner.submit(*args) for args in calls]
+    return [f.result() for f in futures]
 
 
 @flow(name="synthesize", log_prints=True, flow_run_name="synthesize")
@@ -45,7 +55,8 @@ def synthesize_flow(
             cal_ref = run_calibration(ctx.wh, cfg, base, strong, tasks=tasks)
             log.info("calibrated %d tasks into %s", cal_ref.rows, cal_ref)
             outputs.append(cal_ref)
-        ref = run_synthesis(ctx.wh, cfg, per_task=per_task, tasks=tasks, seed=ctx.profile.core.seed + cfg.seed)
+        ref = run_synthesis(ctx.wh, cfg, per_task=per_task, tasks=tasks, seed=ctx.profile.core.seed + cfg.seed,
+                            mapper=prefect_map)
         outputs.append(ref)
         per_task_counts = ctx.wh.sql("SELECT task, count(*) AS n FROM synthetic_tasks GROUP BY task ORDER BY task")
         log.info("synthetic_tasks: %d instances over %d tasks (%s)", ref.rows, per_task_counts.height, ref)

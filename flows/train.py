@@ -35,7 +35,7 @@ import polars as pl
 from prefect import flow, task
 
 from data_specs.stages import STAGE_NAMES, earlier_stages, train_stage
-from flows.common import flow_context, flow_logger, report_progress
+from flows.common import flow_context, flow_logger, prefect_run_tags, report_progress
 from flows.references import recalibrate_flow
 from tasks import tracking
 from tasks.audit import SIDE_OF_TABLE, AuditFailed, AuditReport, model_scope, run_audit
@@ -101,7 +101,8 @@ def train_stage_task(stage: str, home: str, profile: str, run_name: str, init_mo
               "stage_config": conf.stage(stage).model_dump(), "engine": conf.engine_for(stage).model_dump(),
               "optimizer": conf.optimizer.model_dump(), "seed": conf.seed}
     with tracking.tracked_run(stage, params=params, parent_run_id=parent_run_id,
-                              tags={"posttrain.profile": profile, "posttrain.train_run": run_name}) as run_id:
+                              tags={"posttrain.profile": profile, "posttrain.train_run": run_name,
+                                    **prefect_run_tags()}) as run_id:
         tracking.log_table(ref, context="input")
         reads = runtime_sources(wh, stage, sources)
         fingerprint = stage_fingerprint(wh, config_hash, stage, ref, init_model, reads)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import polars as pl
-from prefect import task
 
 from tasks import tracking
 from tasks.curate.normalize import normalize_texts, text_hash
@@ -36,9 +36,13 @@ class SynthesisConfigError(ValueError):
     """The synthesize section asks for something impossible (unknown task, bad level)."""
 
 
-def _in_prefect_flow() -> bool:
-    from prefect.context import FlowRunContext
-    return FlowRunContext.get() is not None
+# how generation runs over tasks: in order here; the synthesize flow passes one that runs each
+# task as its own Prefect task run on the flow's task runner
+Mapper = Callable[[Callable[..., dict[str, Any]], list[tuple]], list[dict[str, Any]]]
+
+
+def sequential_map(fn: Callable[..., dict[str, Any]], calls: list[tuple]) -> list[dict[str, Any]]:
+    return [fn(*args) for args in calls]
 
 
 # --- which levels each task draws from --------------------------------------------------------
@@ -88,7 +92,6 @@ def synthetic_side(cluster_id: str, split: SyntheticSplitConfig) -> str:
     return "rl" if hash_fraction(cluster_id, split.seed) < split.rl_fraction else "sft"
 
 
-@task(name="synthesize-task-instances")
 def generate_task_instances(task_name: str, levels: list[int], per_task: int, seed: int,
                             max_draws_per_instance: int, level_source: str,
                             split: SyntheticSplitConfig | None = None) -> dict[str, Any]:
@@ -121,13 +124,9 @@ def generate_task_instances(task_name: str, levels: list[int], per_task: int, se
 
 
 def _generate_all(plan: list[tuple[str, list[int], str, int]], seed: int,
-                  max_draws: int, split: SyntheticSplitConfig) -> list[dict[str, Any]]:
-    if _in_prefect_flow():   # one task run per synthetic task, on the flow's task runner
-        futures = [generate_task_instances.submit(name, levels, count, seed, max_draws, source, split)
-                   for name, levels, source, count in plan]
-        return [f.result() for f in futures]
-    return [generate_task_instances.fn(name, levels, count, seed, max_draws, source, split)
-            for name, levels, source, count in plan]
+                  max_draws: int, split: SyntheticSplitConfig, mapper: Mapper | None = None) -> list[dict[str, Any]]:
+    return (mapper or sequential_map)(generate_task_instances, [(name, levels, count, seed, max_draws, source, split)
+                                                               for name, levels, source, count in plan])
 
 
 def level_distribution_figure(counts: dict[str, Counter]):
@@ -187,7 +186,7 @@ def _write_synthesis(wh: Warehouse, results: list[dict[str, Any]], plan: list, c
 
 
 def run_synthesis(wh: Warehouse, cfg: SynthesizeConfig, per_task: int | None = None,
-                  tasks: list[str] | None = None, seed: int | None = None) -> TableRef:
+                  tasks: list[str] | None = None, seed: int | None = None, mapper: Mapper | None = None) -> TableRef:
     """Fill ``synthetic_tasks`` (replacing its content) and return the new snapshot's ref.
 
     ``per_task``, ``tasks`` and ``seed`` override the config when given.
@@ -209,7 +208,7 @@ def run_synthesis(wh: Warehouse, cfg: SynthesizeConfig, per_task: int | None = N
         plan.append((synth_task.name, levels, source, cfg.per_task_by_task.get(synth_task.name, per_task)))
 
     with tracking.stage_run("synthesize", {"per_task": per_task, "seed": seed, "tasks": json.dumps(names)}) as run_id:
-        results = _generate_all(plan, seed, cfg.max_draws_per_instance, cfg.split)
+        results = _generate_all(plan, seed, cfg.max_draws_per_instance, cfg.split, mapper)
         ref = _write_synthesis(wh, results, plan, calibration_ref, run_id)
         counts = {r["task"]: Counter(row["level"] for row in r["rows"]) for r in results}
         n_duplicates = {r["task"]: len(r["duplicates"]) for r in results}

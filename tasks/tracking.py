@@ -110,23 +110,6 @@ def current_run_id() -> str | None:
     return _current_run.get() or os.environ.get(RUN_ID_ENV)
 
 
-def _prefect_context_tags() -> dict[str, str]:
-    tags = {}
-    try:
-        from prefect.runtime import flow_run, task_run
-        if flow_run.get_id():
-            tags["prefect.flow_run_id"] = str(flow_run.get_id())
-            tags["prefect.flow_name"] = str(flow_run.get_flow_name())
-            from prefect.settings import PREFECT_UI_URL
-            if PREFECT_UI_URL.value():  # a served Prefect (not the run's temporary API): link back to it
-                tags["prefect.flow_run_url"] = str(flow_run.get_flow_run_ui_url())
-        if task_run.get_id():
-            tags["prefect.task_run_id"] = str(task_run.get_id())
-    except Exception:  # noqa: BLE001, S110 - not inside Prefect: no run tags
-        pass
-    return tags
-
-
 @contextmanager
 def tracked_run(
     name: str,
@@ -156,7 +139,7 @@ def tracked_run(
         experiment_id = client.get_run(parent).info.experiment_id
     else:
         experiment_id = ensure_experiment(experiment or os.environ.get("POSTTRAIN_EXPERIMENT", "posttrain"))
-    all_tags = {"mlflow.runName": run_name or name, "posttrain.stage": name, **_prefect_context_tags(), **(tags or {})}
+    all_tags = {"mlflow.runName": run_name or name, "posttrain.stage": name, **(tags or {})}
     if parent:
         all_tags["mlflow.parentRunId"] = parent
     run = client.create_run(experiment_id, tags=all_tags, run_name=run_name or name)

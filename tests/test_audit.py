@@ -77,7 +77,7 @@ def built(tmp_path_factory):
                                 decontam={"embedding": False}, split={"rl_fraction": 0.5}))
     rows = []
     for name in TASKS:
-        rows += generate_task_instances.fn(name, [0], 16, 0, 3, "configured", SyntheticSplitConfig())["rows"]
+        rows += generate_task_instances(name, [0], 16, 0, 3, "configured", SyntheticSplitConfig())["rows"]
     wh.write("synthetic_tasks", pl.DataFrame(rows))
     cfg = train_config()
     tokenizer = AutoTokenizer.from_pretrained(prepare_base_model(wh, cfg.base_model, SMALL_MODEL))
@@ -97,8 +97,8 @@ def test_synthetic_instances_split_by_cluster_with_both_sides_per_task(built):
     per_task = synth.group_by("task").agg(pl.col("split").n_unique().alias("sides"))
     assert per_task["sides"].min() == 2
     # seeded: the same seed gives the same sides, another seed moves some clusters
-    again = generate_task_instances.fn(TASKS[0], [0], 16, 0, 3, "configured", SyntheticSplitConfig())["rows"]
-    other = generate_task_instances.fn(TASKS[0], [0], 16, 0, 3, "configured", SyntheticSplitConfig(seed=7))["rows"]
+    again = generate_task_instances(TASKS[0], [0], 16, 0, 3, "configured", SyntheticSplitConfig())["rows"]
+    other = generate_task_instances(TASKS[0], [0], 16, 0, 3, "configured", SyntheticSplitConfig(seed=7))["rows"]
     mine = dict(zip(synth["id"], synth["split"]))
     assert all(mine[r["id"]] == r["split"] for r in again)
     assert any(mine[r["id"]] != r["split"] for r in other)

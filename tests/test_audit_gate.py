@@ -40,7 +40,7 @@ def _seed(wh) -> None:
                                 decontam={"embedding": False}, split={"rl_fraction": 0.5}))
     rows = []
     for name in TASKS:
-        rows += generate_task_instances.fn(name, [0], 8, 0, 3, "configured", SyntheticSplitConfig())["rows"]
+        rows += generate_task_instances(name, [0], 8, 0, 3, "configured", SyntheticSplitConfig())["rows"]
     wh.write("synthetic_tasks", pl.DataFrame(rows))
 
 

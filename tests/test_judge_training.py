@@ -21,7 +21,7 @@ TASKS = ["web_of_lies", "object_properties", "object_counting"]
 def synthetic_rows(per_task: int = 40) -> list[dict]:
     rows = []
     for name in TASKS:
-        rows += generate_task_instances.fn(name, [0], per_task, 0, 3, "configured")["rows"]
+        rows += generate_task_instances(name, [0], per_task, 0, 3, "configured")["rows"]
     return rows
 
 

@@ -28,7 +28,7 @@ from tasks.verify.registry import verify_with_error
 
 
 def synthetic_rows(task: str, n: int, split: str) -> list[dict]:
-    rows = generate_task_instances.fn(task, [0, 1], n, 0, 3, "configured")["rows"]
+    rows = generate_task_instances(task, [0, 1], n, 0, 3, "configured")["rows"]
     assert len(rows) == n
     return [{**r, "split": split} for r in rows]
 

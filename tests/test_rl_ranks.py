@@ -210,7 +210,7 @@ def test_posttrain_train_runs_rl_on_two_ranks_beside_an_engine(wh, tmp_path):
 
     rows = []
     for name in ("object_counting", "web_of_lies"):
-        rows += generate_task_instances.fn(name, [0], 12, 0, 3, "configured")["rows"]
+        rows += generate_task_instances(name, [0], 12, 0, 3, "configured")["rows"]
     wh.write("synthetic_tasks", pl.DataFrame(rows))
     out = cli("train", "--stage", "rl", "--profile", _two_rank_profile(tmp_path), home=wh.home, timeout=900).stdout
     # the stage table's rl row: 3 steps

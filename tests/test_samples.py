@@ -117,7 +117,7 @@ class ScriptedTeacher:
 
 
 def _instances(wh, per_task: int = 6):
-    rows = generate_task_instances.fn("object_counting", [0], per_task, 0, 3, "configured")["rows"]
+    rows = generate_task_instances("object_counting", [0], per_task, 0, 3, "configured")["rows"]
     wh.write("synthetic_tasks", pl.DataFrame(rows))
     return [r for r in rows if r["split"] == "sft"]
 

@@ -73,7 +73,7 @@ class _Tokenizer:
 def _synthetic(wh, per_task: int = 6):
     from tasks.synthesize import generate_task_instances
 
-    rows = generate_task_instances.fn("web_of_lies", [0], per_task, 0, 3, "configured")["rows"]
+    rows = generate_task_instances("web_of_lies", [0], per_task, 0, 3, "configured")["rows"]
     return wh.write("synthetic_tasks", pl.DataFrame(rows))
 
 

@@ -35,7 +35,7 @@ def seeded_sft_job(wh, cfg: TrainConfig, stage_steps: int | None = None, run_nam
 
     rows = []
     for name in TASKS:
-        rows += generate_task_instances.fn(name, [0], 12, 0, 3, "configured")["rows"]
+        rows += generate_task_instances(name, [0], 12, 0, 3, "configured")["rows"]
     wh.write("synthetic_tasks", pl.DataFrame(rows))
     # these tests exercise the training loops, not the selection: RL may train undecided prompts
     cfg.data.rl_requires_difficulty = False
@@ -54,7 +54,7 @@ def test_a_changed_model_section_builds_a_base_model_of_its_own_shape(wh):
 
     from tasks.train.base_model import prepare_base_model
 
-    rows = generate_task_instances.fn("object_counting", [0], 12, 0, 3, "configured")["rows"]
+    rows = generate_task_instances("object_counting", [0], 12, 0, 3, "configured")["rows"]
     wh.write("synthetic_tasks", pl.DataFrame(rows))
     cfg = small_config()
     first = prepare_base_model(wh, cfg.base_model, SMALL_MODEL)

@@ -23,7 +23,7 @@ SHORT_SCHEDULE = {
 def seed_synthetic_tasks(wh, per_task: int = 24):
     rows = []
     for name in SHORT_TASKS + LONG_TASKS:
-        rows += generate_task_instances.fn(name, [0, 1], per_task, 0, 3, "configured")["rows"]
+        rows += generate_task_instances(name, [0, 1], per_task, 0, 3, "configured")["rows"]
     return wh.write("synthetic_tasks", pl.DataFrame(rows))
 
 

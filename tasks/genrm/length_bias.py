@@ -139,14 +139,8 @@ class LengthBiasMonitor:
             self._window.append(_arrays(rewards, lengths, correct))
 
     def _log(self):
-        if self.logger is not None:
-            return self.logger
-        from prefect import get_run_logger
-        from prefect.exceptions import MissingContextError
-        try:
-            return get_run_logger()
-        except MissingContextError:  # outside a Prefect run
-            return logging.getLogger("posttrain.length_bias")
+        # a `posttrain.*` logger: inside a flow run Prefect forwards it to the run's log
+        return self.logger if self.logger is not None else logging.getLogger("posttrain.length_bias")
 
     def statistic(self) -> tuple[float | None, dict, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         r, n, c = (np.concatenate(parts) for parts in zip(*self._window)) if self._window else (
