@@ -91,6 +91,25 @@ def stages_of(recipe: Recipe) -> tuple[str, ...]:
     return tuple(s.name for s in TRAIN_STAGES if s.recipe == recipe)
 
 
+def last_of(recipe: Recipe) -> str:
+    """The last stage a recipe trains (``last_of("sft") == "sft_long"``): what the next recipe
+    starts from, and a rung of the evaluation ladder."""
+    stages = stages_of(recipe)
+    if not stages:
+        raise ValueError(f"no training stage has recipe {recipe!r}")
+    return stages[-1]
+
+
+def final_policy_stage() -> str:
+    """The policy's last training stage: the end of the chain of stages that follow each other
+    from the first policy stage (RL today; a stage appended after it would be the new end)."""
+    followed = {s.follows for s in TRAIN_STAGES if s.follows}
+    ends = [s.name for s in TRAIN_STAGES if s.follows and s.name not in followed]
+    if len(ends) != 1:
+        raise ValueError(f"the policy's stages do not form one chain: it ends at {ends}")
+    return ends[0]
+
+
 def stages_reading(table: str) -> tuple[str, ...]:
     return tuple(s.name for s in TRAIN_STAGES if s.table == table)
 

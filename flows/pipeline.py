@@ -29,7 +29,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
-from data_specs.stages import STAGE_NAMES, TRAIN_STAGES, TrainStage, train_stage
+from data_specs.stages import TRAIN_STAGES, TrainStage, final_policy_stage, last_of, train_stage
 from flows.audit import audit_flow
 from flows.common import flow_context, flow_logger, progress_scope, report_progress
 from flows.compare import write_run_report
@@ -142,14 +142,14 @@ _WORK_STAGES = (
           sections=("samples", "rollout"), after=("curate", "synthesize", train_stage("dpo_short").follows)),
     # after SFT (a judge set to `policy` is the SFT model) and the judge stage (`model: judge`)
     Stage("references", lambda profile, home, refs: references_flow(profile=profile, home=home, sources=refs),
-          sections=("references", "rollout"), after=("curate", "sft_long", "judge")),
+          sections=("references", "rollout"), after=("curate", last_of("sft"), "judge")),
     # after DPO: with `difficulty.model: policy` it bands prompts by the model RL starts from
     Stage("difficulty", lambda profile, home, refs: difficulty_flow(profile=profile, home=home, sources=refs),
           sections=("difficulty", "rollout"),
           after=("curate", "synthesize", train_stage("rl").follows)),
 )
 _EVALUATE = Stage("evaluate", lambda profile, home, refs: evaluate_flow(profile=profile, home=home),
-                  sections=("evaluate", "rollout"), after=(STAGE_NAMES[-1],))
+                  sections=("evaluate", "rollout"), after=(final_policy_stage(),))
 _BEFORE_AUDIT = [*_WORK_STAGES, *(_train_stage(ts) for ts in TRAIN_STAGES), _EVALUATE]
 # last, after every other stage (the judge and references may finish after RL), never cached:
 # a run whose training data broke a rule fails here

@@ -22,6 +22,7 @@ from pathlib import Path
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from data_specs.stages import last_of
 from tasks.difficulty import VerifySettings, render_prompt, score_samples
 from tasks.rollout.base import RolloutBackend, SamplingParams
 from tasks.rollout.factory import resolve_model
@@ -49,7 +50,7 @@ class SyntheticHeldout(BaseModel):
     max_draws_per_instance: int = Field(4, ge=1, description="draws allowed per wanted instance")
 
 
-LADDER = ("base", "sft_long", "dpo_long", "rl")
+LADDER = ("base", last_of("sft"), last_of("dpo"), last_of("rl"))
 
 
 class EvaluateConfig(VerifySettings):

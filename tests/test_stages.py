@@ -448,3 +448,22 @@ def test_the_gpu_profile_puts_its_stages_on_the_gpu_and_tiny_on_none():
                                                                                     "local": {"device": "cuda:1"}}}}) \
         == {"cuda:1"}
     assert gpu.section("profile", CoreSettings).stages_per_device == 1
+
+
+def test_the_final_policy_stage_is_the_end_of_the_chain_not_the_last_name(monkeypatch):
+    """Evaluate follows the policy's final stage and RL starts from the stages before RL, both read
+    from the registry's chain: a stage appended after RL is not mistaken for RL (it used to be
+    ``STAGE_NAMES[-1]``)."""
+    import dataclasses
+
+    from data_specs import stages
+
+    assert stages.final_policy_stage() == "rl" and stages.last_of("sft") == "sft_long"
+    extra = dataclasses.replace(stages.train_stage("rl"), name="rl_long", follows="rl")
+    monkeypatch.setattr(stages, "TRAIN_STAGES", (*stages.TRAIN_STAGES, extra))
+    assert stages.final_policy_stage() == "rl_long"
+    assert stages.stages_of("rl") == ("rl", "rl_long") and stages.last_of("rl") == "rl_long"
+    broken = dataclasses.replace(stages.train_stage("dpo_long"), name="dpo_side", follows="sft_long")
+    monkeypatch.setattr(stages, "TRAIN_STAGES", (*stages.TRAIN_STAGES, broken))
+    with pytest.raises(ValueError, match="one chain"):
+        stages.final_policy_stage()

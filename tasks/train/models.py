@@ -9,7 +9,7 @@ import polars as pl
 from mlflow.tracking import MlflowClient
 
 from data_specs import get_spec
-from data_specs.stages import STAGE_NAMES, earlier_stages
+from data_specs.stages import earlier_stages, stages_of
 from tasks import tracking
 from warehouse import TableRef, Warehouse
 
@@ -112,7 +112,7 @@ def stage_model(wh: Warehouse, stage: str, accept_failed_audit: bool = False) ->
 def rl_start_model(wh: Warehouse, accept_failed_audit: bool = False) -> str:
     """The model the RL stage starts from: the newest ``models`` row of a policy stage before RL;
     refused when its audit failed, unless accepted."""
-    before_rl = earlier_stages(STAGE_NAMES[-1])
+    before_rl = earlier_stages(stages_of("rl")[0])
     models = read_models(wh).filter(pl.col("stage").is_in(before_rl))
     if models.is_empty():
         raise LookupError(f"model {POLICY_MODEL!r}: no trained pre-RL stage in the `models` table of {wh.home}; "
