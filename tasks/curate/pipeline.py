@@ -48,7 +48,6 @@ from tasks.curate.split import POOL_TABLES
 from tasks.curate.stores import EmbeddingStore, SignatureStore
 from warehouse import TableRef, Warehouse
 
-STAGES = ("curate.filter", "curate.exact", "curate.minhash", "curate.semantic", "curate.decontam", "curate.split")
 T = TypeVar("T")
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 
 from tasks import tracking
-from tasks.curate.pipeline import STAGES, CurateResult
+from tasks.curate.pipeline import CurateResult
 from warehouse import TableRef, Warehouse
 
 SIMILARITY_PANELS = {
@@ -21,7 +21,7 @@ SIMILARITY_PANELS = {
 
 
 def funnel_figure(result: CurateResult):
-    stages = [result.stages[s] for s in STAGES if s in result.stages]
+    stages = list(result.stages.values())   # in run order: the blocks' own, spelled once (curate_blocks)
     fig, ax = plt.subplots(figsize=(8, 3.5))
     names = [s.stage.split(".", 1)[1] for s in stages]
     ax.bar(names, [s.rows_in for s in stages], color="#c8d6e5", label="rows in")
