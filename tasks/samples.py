@@ -28,7 +28,9 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.curate.split import POOL_TABLES
-from tasks.difficulty import (
+from tasks.genrm.config import OPEN_DOMAINS
+from tasks.rollout.base import RolloutBackend
+from tasks.scoring import (
     DifficultySampling,
     ScoredSample,
     VerifySettings,
@@ -38,8 +40,6 @@ from tasks.difficulty import (
     row_id,
     score_samples,
 )
-from tasks.genrm.config import OPEN_DOMAINS
-from tasks.rollout.base import RolloutBackend
 from tasks.tracking import current_run_id, log_counters, log_table, stage_run
 from tasks.verify.code import extract_code
 from tasks.verify.math import extract_final_answer

@@ -12,7 +12,6 @@ import polars as pl
 import pytest
 
 from tasks.audit import _check_sampled_targets
-from tasks.difficulty import VerifySettings, render_prompt
 from tasks.genrm.judge import constraint_failures, constraints_from_metadata
 from tasks.rollout.base import Completion
 from tasks.rollout.chat import DOMAIN_INSTRUCTIONS, LOGIC_INSTRUCTION
@@ -20,6 +19,7 @@ from tasks.rollout.config import LocalConfig
 from tasks.rollout.local import LocalBackend
 from tasks.rollout.tiny_model import tiny_llama_path
 from tasks.samples import CleanConfig, SamplesConfig, clean_reason, run_samples
+from tasks.scoring import VerifySettings, render_prompt
 from tasks.synthesize import generate_task_instances
 from tasks.train.config import TrainConfig
 from tasks.train.data import (
@@ -216,7 +216,7 @@ def test_the_policys_own_right_and_wrong_samples_pair_for_dpo(wh):
 
 def test_clean_reasons_for_code_math_and_open_samples():
     def sample(text, reward=1.0, finish="stop"):
-        from tasks.difficulty import ScoredSample
+        from tasks.scoring import ScoredSample
         return ScoredSample(Completion(text, finish_reason=finish), reward, None)
 
     cfg = CleanConfig(min_reasoning_words=3)
