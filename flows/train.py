@@ -40,10 +40,11 @@ from flows.references import recalibrate_flow
 from tasks import tracking
 from tasks.audit import SIDE_OF_TABLE, AuditFailed, AuditReport, model_scope, run_audit
 from tasks.genrm.config import LengthBiasConfig
+from tasks.model_registry import read_models, refuse_failed_audit
 from tasks.train import checkpoint
 from tasks.train.base_model import prepare_base_model
 from tasks.train.config import TrainConfig
-from tasks.train.models import read_models, refuse_failed_audit, register_model
+from tasks.train.models import register_model
 from tasks.train.runner import StageJob, execute_stage
 from warehouse import TableRef, Warehouse
 

@@ -35,8 +35,8 @@ import polars as pl
 from tasks.curate.normalize import normalize_texts, text_hash
 from tasks.curate.split import POOL_TABLES
 from tasks.difficulty import latest_decisions
+from tasks.model_registry import read_models
 from tasks.train.judge_data import JUDGE_DOMAIN
-from tasks.train.models import read_models
 from warehouse import TableRef, Warehouse
 
 MAX_LISTED = 20

@@ -23,9 +23,9 @@ from tasks.curate.config import CurateConfig, SemanticConfig
 from tasks.curate.pipeline import run_curate
 from tasks.evaluate import choose_model, stage_ladder
 from tasks.ingest import RawRecord, store_records
+from tasks.model_registry import FailedAuditError, rl_start_model, stage_model
 from tasks.synth.config import SyntheticSplitConfig
 from tasks.synthesize import generate_task_instances
-from tasks.train.models import FailedAuditError, rl_start_model, stage_model
 from warehouse import TableRef
 
 POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))

@@ -159,8 +159,8 @@ def test_pairs_skip_tasks_that_cannot_be_perturbed():
 
 def test_policy_and_stage_judge_models_resolve_in_the_home(wh):
     from tasks.genrm.models import resolve_rollout
+    from tasks.model_registry import POLICY_MODEL
     from tasks.rollout.config import RolloutConfig
-    from tasks.train.models import POLICY_MODEL
 
     rollout = RolloutConfig(backend="local", model=POLICY_MODEL)
     with pytest.raises(LookupError, match="policy"):

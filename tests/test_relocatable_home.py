@@ -27,7 +27,7 @@ def test_a_stage_run_in_a_copied_home_leaves_the_original_byte_identical(tmp_pat
     from mlflow.tracking import MlflowClient
 
     from flows.train import train_flow
-    from tasks.train.models import read_models
+    from tasks.model_registry import read_models
 
     for key, value in {**TWO_STEPS, "POSTTRAIN__TRAIN__SFT_LONG__STEPS": "2",
                        "POSTTRAIN__TRAIN__SFT_LONG__CHECKPOINT_EVERY": "2"}.items():

@@ -1,7 +1,7 @@
 """Which model a judge (or a candidate source) runs: profile aliases resolved against a home.
 
 ``rollout.model`` may name:
-- ``"policy"`` (``tasks.train.models.POLICY_MODEL``): the model RL starts from, the
+- ``"policy"`` (``tasks.model_registry.POLICY_MODEL``): the model RL starts from, the
   newest pre-RL row of the home's ``models`` table. A policy SFT-trained on the verdict
   format (``tasks.train.judge_data``) is then its own GenRM judge, as in MiniMax-M1 where
   the reward model is trained from the policy's own lineage.
@@ -23,8 +23,8 @@ from tasks.rollout.config import RolloutConfig
 def resolve_model_name(model: str, home: str | Path | None) -> str:
     """A concrete model path for the home-relative aliases; other names unchanged."""
     from data_specs.stages import STAGE_NAMES
+    from tasks.model_registry import POLICY_MODEL, rl_start_model, stage_model
     from tasks.rollout.tiny_model import TINY_LLAMA_NAME, tiny_llama_path
-    from tasks.train.models import POLICY_MODEL, rl_start_model, stage_model
     from warehouse import Warehouse
 
     if model == POLICY_MODEL:
