@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tasks.passk import pass_at_k
 from tasks.rollout.base import RolloutBackend
 from tasks.scoring import (
     DifficultySampling,
@@ -31,7 +32,6 @@ from tasks.scoring import (
     score_samples,
 )
 from tasks.tracking import current_run_id, log_counters, log_figure, log_table, stage_run
-from tasks.verify.passk import pass_at_k
 from tasks.verify.registry import VERIFIERS
 from warehouse import TableRef, Warehouse
 

@@ -24,12 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from data_specs.stages import last_of
 from tasks.model_registry import audited_row, read_models, refuse_failed_audit
+from tasks.passk import pass_at_k
 from tasks.rollout.base import RolloutBackend, SamplingParams
 from tasks.rollout.factory import resolve_model
 from tasks.scoring import VerifySettings, render_prompt, score_samples
 from tasks.synth.base import normalize_text
 from tasks.synth.registry import get_task, own_task_names
-from tasks.verify.passk import pass_at_k
 from warehouse import Warehouse
 
 SYNTHETIC_BENCHMARK = "synthetic_heldout"

@@ -17,10 +17,10 @@ from tasks.difficulty import (
     kept_prompt_ids,
     run_difficulty,
 )
+from tasks.passk import pass_at_k
 from tasks.rollout.config import LocalConfig
 from tasks.rollout.local import LocalBackend
 from tasks.rollout.tiny_model import tiny_llama_path
-from tasks.verify.passk import pass_at_k
 
 
 def string_row(row_id: str, condition: str) -> dict:

@@ -3,7 +3,7 @@ from math import comb
 
 import pytest
 
-from tasks.verify.passk import pass_at_k
+from tasks.passk import pass_at_k
 
 
 def exact_pass_at_k(n: int, c: int, k: int) -> Fraction:

@@ -33,10 +33,10 @@ from tasks.genrm.consistency import BACKWARD
 from tasks.genrm.judge import GenRMJudge, GradeRequest, PairRequest
 from tasks.genrm.references import judgment_rows
 from tasks.ingest import RawRecord, expand_paths, read_records, stable_id
+from tasks.passk import pass_at_k
 from tasks.rollout.base import RolloutBackend
 from tasks.rollout.chat import render_prompt
 from tasks.verify.math import MathVerifyTimeout, math_equal
-from tasks.verify.passk import pass_at_k
 from tasks.verify.registry import verify_with_error
 from warehouse import TableRef, Warehouse
 

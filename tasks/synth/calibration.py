@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from tasks.passk import pass_at_k
 from tasks.rollout.base import RolloutBackend, SamplingParams
 from tasks.rollout.chat import render_prompt
 from tasks.synth.base import SynthTask, TaskInstance, stable_int
 from tasks.synth.config import CalibrationConfig
-from tasks.verify.passk import pass_at_k
 
 # solve(prompts, n, seed) -> n completions per prompt
 Solver = Callable[[list[str], int, int], list[list[str]]]
