@@ -33,23 +33,28 @@ def build_tiny_llama(out_dir: str | Path, seed: int = 0, vocab_size: int = 512) 
     return build_once(out_dir.parent, out_dir.name, lambda tmp: _write_tiny_llama(tmp, seed, vocab_size))
 
 
+TINY_LLAMA_LAYERS = 2
+
+
 def _write_tiny_llama(out_dir: Path, seed: int, vocab_size: int) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from model.config import TINY_SIZES
     from model.tokenizer import train_tokenizer
 
     fast = train_tokenizer(_corpus(), vocab_size, out_dir)
 
     torch.manual_seed(seed)
+    # the tiny preset's widths (model.config.TINY_SIZES), two dense layers: a fast stand-in policy
     config = LlamaConfig(
         vocab_size=len(fast),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
+        hidden_size=TINY_SIZES.hidden_size,
+        intermediate_size=TINY_SIZES.intermediate_size,
+        num_hidden_layers=TINY_LLAMA_LAYERS,
+        num_attention_heads=TINY_SIZES.num_attention_heads,
+        num_key_value_heads=TINY_SIZES.num_key_value_heads,
+        max_position_embeddings=TINY_SIZES.max_position_embeddings,
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
