@@ -99,11 +99,20 @@ def _deep_merge(base: dict, over: dict) -> dict:
     return merged
 
 
+def env_override_names(environ: dict[str, str] | None = None) -> dict[tuple[str, ...], str]:
+    """(section, key, ...) -> the environment variable that overrides it."""
+    environ = dict(os.environ) if environ is None else environ
+    return {tuple(p.lower() for p in key[len(ENV_PREFIX):].split("__") if p): key
+            for key in environ if key.startswith(ENV_PREFIX)}
+
+
 class Profile:
-    def __init__(self, name: str, path: Path | None, sections: dict[str, dict]):
+    def __init__(self, name: str, path: Path | None, sections: dict[str, dict],
+                 env_names: dict[tuple[str, ...], str] | None = None):
         self.name = name
         self.path = path
         self.sections = sections
+        self.env_names = env_names or {}
         try:
             self.core = CoreSettings(**sections.get(CORE_SECTION, {}))
         except ValidationError as e:
@@ -118,7 +127,18 @@ class Profile:
             return model(**self.raw(section))
         except ValidationError as e:
             where = self.path / f"{section}.yaml" if self.path else section
-            raise ProfileError(f"profile {self.name!r}, {where}: {e}") from None
+            raise ProfileError(f"profile {self.name!r}, {where}{self._from_env(section, e)}: {e}") from None
+
+    def _from_env(self, section: str, error: ValidationError) -> str:
+        """", set by POSTTRAIN__..." for the settings in ``error`` an environment variable gave."""
+        names = []
+        for err in error.errors():
+            path = (section, *(str(p).lower() for p in err["loc"]))
+            for n in range(len(path), 1, -1):
+                if path[:n] in self.env_names:
+                    names.append(self.env_names[path[:n]])
+                    break
+        return f" (set by the environment: {', '.join(dict.fromkeys(names))})" if names else ""
 
     def config_hash(self, *sections: str) -> str:
         """Stable hash of the named sections (all when none named): a flow's cache key."""
@@ -149,4 +169,4 @@ def load_profile(name_or_path: str | Path = "tiny", environ: dict[str, str] | No
             raise ProfileError(f"{f}: expected a mapping at the top level")
         sections[f.stem] = data
     sections = _deep_merge(sections, env_overrides(environ))
-    return Profile(path.name, path, sections)
+    return Profile(path.name, path, sections, env_override_names(environ))

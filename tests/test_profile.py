@@ -74,3 +74,17 @@ def test_the_docstring_override_examples_apply_and_validate():
         section, *path = key.removeprefix("POSTTRAIN__").lower().split("__")
         overridden = setting(load_profile("tiny", environ={key: raw}), section, path)
         assert overridden == yaml.safe_load(raw) != setting(load_profile("tiny", environ={}), section, path), key
+
+
+def test_a_bad_environment_override_is_named_in_the_error(monkeypatch):
+    """A typo in an override (here the key) names the variable that carried it, not only the file."""
+    from tasks.profile import ProfileError, load_profile
+    from tasks.train.config import TrainConfig
+
+    monkeypatch.setenv("POSTTRAIN__TRAIN__SFT_SHORT__STEPZ", "3")
+    with pytest.raises(ProfileError, match="set by the environment: POSTTRAIN__TRAIN__SFT_SHORT__STEPZ"):
+        load_profile("tiny").section("train", TrainConfig)
+    monkeypatch.delenv("POSTTRAIN__TRAIN__SFT_SHORT__STEPZ")
+    monkeypatch.setenv("POSTTRAIN__TRAIN__SFT_SHORT__STEPS", "many")   # a wrong value: named too
+    with pytest.raises(ProfileError, match="POSTTRAIN__TRAIN__SFT_SHORT__STEPS"):
+        load_profile("tiny").section("train", TrainConfig)
