@@ -125,6 +125,16 @@ def _prefect_flow_run_id() -> str | None:
 
 
 def flow_logger():
+    """The logger of the run this code is in: a task's own run, else the flow run. A flow called
+    from a pipeline stage's task logs to its own flow run (Prefect's ``get_run_logger`` would
+    give the enclosing stage task's, so a subflow's counts landed on the parent's log)."""
+    from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.logging.loggers import flow_run_logger
+
+    task_ctx, flow_ctx = TaskRunContext.get(), FlowRunContext.get()
+    if flow_ctx is not None and flow_ctx.flow_run is not None and (
+            task_ctx is None or task_ctx.task_run.flow_run_id != flow_ctx.flow_run.id):
+        return flow_run_logger(flow_ctx.flow_run, flow_ctx.flow)
     try:
         return get_run_logger()
     except MissingContextError:  # called outside a flow or task run

@@ -26,6 +26,7 @@ def test_a_cli_run_while_ui_serves_the_home_links_both_ways(tmp_path):
         mlflow_ui = re.search(r"MLflow UI:\s+(http://127\.0\.0\.1:\d+)", seen).group(1)
         env = {**os.environ, "POSTTRAIN_HOME": str(home), "COLUMNS": "200"}
         env.pop("PREFECT_API_URL", None)
+        env["PREFECT_LOGGING_LEVEL"] = "INFO"   # as a user's shell has it (the suite quiets Prefect)
         out = subprocess.run([POSTTRAIN, "run", "--profile", "tiny", "--stage", "ingest"], capture_output=True,
                              text=True, env=env, timeout=300, check=False)
         assert out.returncode == 0, out.stdout + out.stderr
@@ -36,13 +37,17 @@ def test_a_cli_run_while_ui_serves_the_home_links_both_ways(tmp_path):
         runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=30).json()
         by_name = {r["name"]: r for r in runs}
         assert {"pipeline tiny [ingest]", "ingest"} <= set(by_name), list(by_name)
+        # a stage's flow logs to its own flow run, not to the pipeline's task that called it
+        logs = httpx.post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [by_name["ingest"]["id"]]}}},
+                          timeout=30).json()
+        assert any(log["message"].startswith("bundled mmath:") for log in logs), [log["message"] for log in logs]
         artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["mlflow-run"]}}},
                                timeout=30).json()
         links = {a["flow_run_id"]: a for a in artifacts}
         for name in ("pipeline tiny [ingest]", "ingest"):
             artifact = links[by_name[name]["id"]]
             # a link (Prefect stores it as markdown, `[text](url)`) at the port the MLflow UI serves
-            assert re.fullmatch(rf"\[MLflow run: \w+\]\({re.escape(mlflow_ui)}/#/experiments/\w+/runs/\w+"
+            assert re.fullmatch(rf"\[MLflow run: .+\]\({re.escape(mlflow_ui)}/#/experiments/\w+/runs/\w+"
                                 r"\?workflowType=machine_learning\)", artifact["data"]), artifact["data"]
 
         # MLflow: each run's description links back to its flow run on the served Prefect UI
