@@ -53,7 +53,7 @@ def similarity_figure(result: CurateResult, thresholds: dict[str, float]):
     return fig
 
 
-EXCERPT_CHARS = 160
+EXCERPT_CHARS = 90
 MAX_REMOVED_SHOWN = 500   # per block, in the UIs (the decisions table holds every row)
 
 
@@ -88,14 +88,14 @@ def removed_rows(wh: Warehouse, run_id: str, prompts: TableRef | None, benchmark
         texts.update(dict(bench.iter_rows()))
     out = {}
     for (stage,), frame in removed.group_by("stage", maintain_order=True):
-        out[stage] = pl.DataFrame({
-            "prompt": [_excerpt(texts.get(r)) for r in frame["row_id"]],
+        out[stage] = pl.DataFrame({   # the reason first: the UIs' tables cut the right-hand columns
             "reason": frame["reason"],
+            "prompt": [_excerpt(texts.get(r)) for r in frame["row_id"]],
             "matched": [_excerpt(texts.get(r)) if r else None for r in frame["reference_id"]],
             "matched_id": frame["reference_id"],
             "score": frame["score"],
             "row_id": frame["row_id"],
-        }, schema={"prompt": pl.Utf8, "reason": pl.Utf8, "matched": pl.Utf8, "matched_id": pl.Utf8,
+        }, schema={"reason": pl.Utf8, "prompt": pl.Utf8, "matched": pl.Utf8, "matched_id": pl.Utf8,
                    "score": pl.Float64, "row_id": pl.Utf8})
     return out
 
