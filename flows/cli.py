@@ -613,6 +613,18 @@ _FLOW_COMMANDS = {"ingest", "curate", "synthesize", "difficulty", "samples", "re
                   "audit", "run"}
 
 
+def _drain_run_logs(timeout_s: float = 30.0) -> None:
+    """Send the flow runs' last log records to the Prefect API before the command returns (they
+    go in batches; on a busy machine the tail could miss the server a command talked to)."""
+    if "prefect.logging.handlers" not in sys.modules:
+        return
+    from prefect.logging.handlers import APILogWorker
+    try:
+        APILogWorker.drain_all(timeout=timeout_s)
+    except Exception:  # noqa: BLE001, S110 - logs are best effort; the command's result stands
+        pass
+
+
 def _home_from_argv() -> str | None:
     """The ``--home`` a command was given (None: ``$POSTTRAIN_HOME`` or the default)."""
     args = sys.argv[1:]
@@ -664,6 +676,7 @@ def main() -> None:
         # standalone_mode=False *returns* the code of a typer.Exit a command raised (audit's 1)
         with _served_prefect():
             code = app(standalone_mode=False)
+            _drain_run_logs()
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:

@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -38,8 +39,12 @@ def test_a_cli_run_while_ui_serves_the_home_links_both_ways(tmp_path):
         by_name = {r["name"]: r for r in runs}
         assert {"pipeline tiny [ingest]", "ingest"} <= set(by_name), list(by_name)
         # a stage's flow logs to its own flow run, not to the pipeline's task that called it
-        logs = httpx.post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [by_name["ingest"]["id"]]}}},
-                          timeout=30).json()
+        # (records reach the server in batches, the last ones as the command exits: waited for)
+        deadline, logs = time.time() + 90, []
+        while time.time() < deadline and not any(log["message"].startswith("bundled mmath:") for log in logs):
+            time.sleep(1)
+            logs = httpx.post(f"{api}/logs/filter", timeout=30,
+                              json={"logs": {"flow_run_id": {"any_": [by_name["ingest"]["id"]]}}}).json()
         assert any(log["message"].startswith("bundled mmath:") for log in logs), [log["message"] for log in logs]
         artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["mlflow-run"]}}},
                                timeout=30).json()
