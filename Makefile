@@ -46,7 +46,7 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/posttrain run --profile tiny
 
-# a real pretrained model (SmolLM2-135M-Instruct, offline) through the whole recipe: ~30 min on 2 cores
+# a real pretrained model (SmolLM2-135M-Instruct, offline) through the whole recipe: ~45 min on 2 cores (2764 s on 2026-12-04)
 smol: $(STAMP)
 	$(BIN)/posttrain run --profile smol
 
