@@ -464,6 +464,11 @@ def _print_summary(res: dict, elapsed: float, home: str | None) -> None:
         _print_counts(res["evaluate"]["pass_at_k"], title=f"eval pass@k ({res['evaluate'].get('model')})")
     if "audit" in res and isinstance(res["audit"], dict) and "checks" in res["audit"]:
         _print_audit(res["audit"])
+    from tasks.evaluate import ladder_verdict
+    audit = res.get("audit") if isinstance(res.get("audit"), dict) else {}
+    verdict = ladder_verdict((res.get("evaluate") or {}).get("ladder") or {}, audit.get("passed"))
+    if verdict:   # the one line a user reads first, last on the screen
+        console.print(f"[bold]{verdict}[/bold]", soft_wrap=True, highlight=False)
     console.print(f"pipeline MLflow run: {res.get('mlflow_run_id')}   wall time {elapsed:.0f}s")
     # paths are printed whole (soft_wrap): a narrow or piped terminal must not cut them mid-word
     if res.get("report"):
