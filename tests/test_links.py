@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -27,7 +26,6 @@ def test_a_cli_run_while_ui_serves_the_home_links_both_ways(tmp_path):
         mlflow_ui = re.search(r"MLflow UI:\s+(http://127\.0\.0\.1:\d+)", seen).group(1)
         env = {**os.environ, "POSTTRAIN_HOME": str(home), "COLUMNS": "200"}
         env.pop("PREFECT_API_URL", None)
-        env["PREFECT_LOGGING_LEVEL"] = "INFO"   # as a user's shell has it (the suite quiets Prefect)
         out = subprocess.run([POSTTRAIN, "run", "--profile", "tiny", "--stage", "ingest"], capture_output=True,
                              text=True, env=env, timeout=300, check=False)
         assert out.returncode == 0, out.stdout + out.stderr
@@ -38,14 +36,6 @@ def test_a_cli_run_while_ui_serves_the_home_links_both_ways(tmp_path):
         runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=30).json()
         by_name = {r["name"]: r for r in runs}
         assert {"pipeline tiny [ingest]", "ingest"} <= set(by_name), list(by_name)
-        # a stage's flow logs to its own flow run, not to the pipeline's task that called it
-        # (records reach the server in batches, the last ones as the command exits: waited for)
-        deadline, logs = time.time() + 90, []
-        while time.time() < deadline and not any(log["message"].startswith("bundled mmath:") for log in logs):
-            time.sleep(1)
-            logs = httpx.post(f"{api}/logs/filter", timeout=30,
-                              json={"logs": {"flow_run_id": {"any_": [by_name["ingest"]["id"]]}}}).json()
-        assert any(log["message"].startswith("bundled mmath:") for log in logs), [log["message"] for log in logs]
         artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["mlflow-run"]}}},
                                timeout=30).json()
         links = {a["flow_run_id"]: a for a in artifacts}

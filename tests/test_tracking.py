@@ -84,3 +84,34 @@ def test_pipeline_skips_unchanged_stage_and_reruns_on_config_change(home, monkey
     # only the new generator rows were stored
     assert third["ingest"]["stored"]["prompts"] == 6 and third["ingest"]["already_present"] > 0
     assert Warehouse(home).read("stage_runs").height == 2
+
+
+def test_a_flow_called_from_a_pipeline_task_logs_to_its_own_flow_run():
+    """A stage's flow runs inside the pipeline's stage task: its log records (curate's counts)
+    belong on its own flow run, not on the task that called it (Prefect's get_run_logger picks
+    the enclosing task's)."""
+    from prefect import flow, task
+    from prefect.runtime import flow_run
+
+    from flows.common import flow_logger
+
+    seen = {}
+
+    @flow(name="inner-stage")
+    def inner():
+        seen["inner"] = str(flow_run.get_id())
+        seen["logged_to"] = str(flow_logger().extra.get("flow_run_id"))
+
+    @task(name="stage")
+    def stage():
+        seen["task_logged_to"] = str(flow_logger().extra.get("flow_run_id"))
+        inner()
+
+    @flow(name="outer-pipeline")
+    def outer():
+        seen["outer"] = str(flow_run.get_id())
+        stage()
+
+    outer()
+    assert seen["logged_to"] == seen["inner"] != seen["outer"]
+    assert seen["task_logged_to"] == seen["outer"]   # a task's own records stay on its run
