@@ -31,27 +31,24 @@ def test_a_cli_run_while_ui_serves_the_home_links_both_ways(tmp_path):
         assert out.returncode == 0, out.stdout + out.stderr
         assert f"using the Prefect server that serves this home: {prefect}" in out.stderr
 
-        # the flow runs are on the served server (a temporary API would have taken them with it)
-        api = f"{prefect}/api"
-        runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=30).json()
-        by_name = {r["name"]: r for r in runs}
-        assert {"pipeline tiny [ingest]", "ingest"} <= set(by_name), list(by_name)
-        artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["mlflow-run"]}}},
-                               timeout=30).json()
-        links = {a["flow_run_id"]: a for a in artifacts}
-        for name in ("pipeline tiny [ingest]", "ingest"):
-            artifact = links[by_name[name]["id"]]
-            # a link (Prefect stores it as markdown, `[text](url)`) at the port the MLflow UI serves
-            assert re.fullmatch(rf"\[MLflow run: .+\]\({re.escape(mlflow_ui)}/#/experiments/\w+/runs/\w+"
-                                r"\?workflowType=machine_learning\)", artifact["data"]), artifact["data"]
-
-        # MLflow: each run's description links back to its flow run on the served Prefect UI
+        # this home's runs, found through its own MLflow store (the suite's Prefect database is
+        # shared by every test, so names alone would pick another test's "pipeline tiny [ingest]")
         client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
         experiments = [e.experiment_id for e in client.search_experiments() if e.name != "Default"]
         mlflow_runs = {r.data.tags["posttrain.stage"]: r for r in client.search_runs(experiments)}
-        for stage in ("pipeline", "ingest"):
-            note = mlflow_runs[stage].data.tags["mlflow.note.content"]
+        api = f"{prefect}/api"
+        for stage, name in (("pipeline", "pipeline tiny [ingest]"), ("ingest", "ingest")):
             flow_run_id = mlflow_runs[stage].data.tags["prefect.flow_run_id"]
+            # the flow run is on the served server (a temporary API would have taken it with it)
+            assert httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=30).json()["name"] == name
+            artifacts = httpx.post(f"{api}/artifacts/filter", timeout=30, json={"artifacts": {
+                "key": {"any_": ["mlflow-run"]}, "flow_run_id": {"any_": [flow_run_id]}}}).json()
+            # a link (Prefect stores it as markdown, `[text](url)`) at the port the MLflow UI serves
+            assert len(artifacts) == 1 and re.fullmatch(
+                rf"\[MLflow run: .+\]\({re.escape(mlflow_ui)}/#/experiments/\w+/runs/"
+                rf"{mlflow_runs[stage].info.run_id}\?workflowType=machine_learning\)", artifacts[0]["data"]), artifacts
+            # MLflow: the run's description links back to its flow run on the served Prefect UI
+            note = mlflow_runs[stage].data.tags["mlflow.note.content"]
             assert re.search(rf"\]\({re.escape(prefect)}/[\w/-]*flow-run/{flow_run_id}\)", note), note
         # the report links runs at the MLflow UI that serves the home, not a fixed port
         report = next(line for line in out.stdout.splitlines() if line.startswith("report: ")).split(" ", 1)[1]
