@@ -511,33 +511,33 @@ def ui(home: str | None = HomeOpt, prefect_port: int = typer.Option(4200, "--pre
     )
     services: list = []  # whatever started is stopped, even if a later start fails
     prefect = None
-    using = using_prefect_server(home, "posttrain ui")
-    using.__enter__()
     try:
-        with console.status("starting Prefect and MLflow..."):
-            api_url, prefect = ensure_prefect_server(home, prefect_port)
-            mlflow_ui = start_mlflow_ui(mlflow_port, home)
-            services.append(mlflow_ui)
-            mlflow_ui.wait_healthy()
-            record_server(home, mlflow_ui, "mlflow")   # flows link their MLflow runs at this port
-        reused = "" if prefect is not None else "   (already running for this home: reused)"
-        console.print(f"Prefect UI: {api_url.removesuffix('/api')}{reused}")
-        # the experiments in MLflow 3's "Model training" view (its default is the GenAI one)
-        console.print(f"MLflow UI:  {mlflow_ui.url}/#/experiments?workflowType=machine_learning")
-        newest = _newest_experiment(home)
-        if newest is not None:
-            console.print(f"   newest runs ({newest[1]}): "
-                          f"{mlflow_ui.url}/#/experiments/{newest[0]}/runs?workflowType=machine_learning")
-        console.print("press Ctrl-C to stop" if not duration else f"stopping in {duration:.0f}s")
-        deadline = time.time() + duration if duration else None
-        while deadline is None or time.time() < deadline:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
+        with using_prefect_server(home, "posttrain ui"):
+            try:
+                with console.status("starting Prefect and MLflow..."):
+                    api_url, prefect = ensure_prefect_server(home, prefect_port)
+                    mlflow_ui = start_mlflow_ui(mlflow_port, home)
+                    services.append(mlflow_ui)
+                    mlflow_ui.wait_healthy()
+                    record_server(home, mlflow_ui, "mlflow")   # flows link their MLflow runs at this port
+                reused = "" if prefect is not None else "   (already running for this home: reused)"
+                console.print(f"Prefect UI: {api_url.removesuffix('/api')}{reused}")
+                # the experiments in MLflow 3's "Model training" view (its default is the GenAI one)
+                console.print(f"MLflow UI:  {mlflow_ui.url}/#/experiments?workflowType=machine_learning")
+                newest = _newest_experiment(home)
+                if newest is not None:
+                    console.print(f"   newest runs ({newest[1]}): "
+                                  f"{mlflow_ui.url}/#/experiments/{newest[0]}/runs?workflowType=machine_learning")
+                console.print("press Ctrl-C to stop" if not duration else f"stopping in {duration:.0f}s")
+                deadline = time.time() + duration if duration else None
+                while deadline is None or time.time() < deadline:
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                for service in services:
+                    service.stop()
     finally:
-        for service in services:
-            service.stop()
-        using.__exit__(None, None, None)
         # the Prefect server stays up while `serve` (or another `ui`) depends on it
         release_prefect_server(home, prefect, lambda line: console.print(line, highlight=False))
 

@@ -50,41 +50,42 @@ def _stop(*procs) -> None:
                 proc.kill()
 
 
-@pytest.mark.timeout(600)
-def test_ui_leaves_the_server_serve_uses_and_serve_stops_it_last(tmp_path):
+@pytest.fixture
+def ui_then_serve(tmp_path):
+    """`posttrain ui` started on a fresh home, then `posttrain serve` reusing its server: (ui, serve,
+    serve's output lines, the server record); both stopped when the test ends."""
     home = tmp_path / "home"
     ui, _ = _started_ui(home)
     serve = None
     try:
         record = json.loads((home / "prefect" / "server.json").read_text())
         serve, lines = _started_serve(home)
-        assert any("reused" in line for line in lines), "".join(lines)
-        ui.send_signal(signal.SIGTERM)
-        out = ui.communicate(timeout=90)[0]
-        assert ui.returncode in (0, 143) and "leaving the Prefect server" in out and "posttrain serve" in out, out
-        time.sleep(8)   # longer than serve waits on a silent server
-        assert _healthy(record["url"]) and serve.poll() is None
-        serve.send_signal(signal.SIGTERM)
-        serve.wait(timeout=120)
-        assert "stopping the Prefect server" in "".join(lines), "".join(lines)
-        _, alive = psutil.wait_procs([psutil.Process(record["pid"])], timeout=30) if psutil.pid_exists(
-            record["pid"]) else ([], [])
-        assert not alive and not _healthy(record["url"])
+        yield ui, serve, lines, record
     finally:
         _stop(serve, ui)
 
 
 @pytest.mark.timeout(600)
-def test_serve_exits_with_an_error_when_the_server_it_reused_goes_away(tmp_path):
-    home = tmp_path / "home"
-    ui, _ = _started_ui(home)
-    serve = None
-    try:
-        record = json.loads((home / "prefect" / "server.json").read_text())
-        serve, lines = _started_serve(home)
-        os.killpg(record["pid"], signal.SIGKILL)   # the server dies under both commands
-        rc = serve.wait(timeout=60)
-        text = "".join(lines)
-        assert rc == 1 and "is gone" in text and "start `posttrain serve` again" in text, text
-    finally:
-        _stop(serve, ui)
+def test_ui_leaves_the_server_serve_uses_and_serve_stops_it_last(ui_then_serve):
+    ui, serve, lines, record = ui_then_serve
+    assert any("reused" in line for line in lines), "".join(lines)
+    ui.send_signal(signal.SIGTERM)
+    out = ui.communicate(timeout=90)[0]
+    assert ui.returncode in (0, 143) and "leaving the Prefect server" in out and "posttrain serve" in out, out
+    time.sleep(8)   # longer than serve waits on a silent server
+    assert _healthy(record["url"]) and serve.poll() is None
+    serve.send_signal(signal.SIGTERM)
+    serve.wait(timeout=120)
+    assert "stopping the Prefect server" in "".join(lines), "".join(lines)
+    _, alive = psutil.wait_procs([psutil.Process(record["pid"])], timeout=30) if psutil.pid_exists(
+        record["pid"]) else ([], [])
+    assert not alive and not _healthy(record["url"])
+
+
+@pytest.mark.timeout(600)
+def test_serve_exits_with_an_error_when_the_server_it_reused_goes_away(ui_then_serve):
+    _, serve, lines, record = ui_then_serve
+    os.killpg(record["pid"], signal.SIGKILL)   # the server dies under both commands
+    rc = serve.wait(timeout=60)
+    text = "".join(lines)
+    assert rc == 1 and "is gone" in text and "start `posttrain serve` again" in text, text
