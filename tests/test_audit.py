@@ -63,6 +63,20 @@ def write_difficulty(wh, decisions: dict[str, str], run_id: str) -> None:
     wh.append("difficulty", get_spec("difficulty").conform(pl.DataFrame(rows)))
 
 
+def seed_curated(wh, per_task: int) -> list[dict]:
+    """Ingest ``PROMPTS`` and the benchmark item, curate them (the item is decontaminated away) and
+    write ``per_task`` synthetic instances of each of ``TASKS``; the synthetic rows."""
+    store_records(wh, [RawRecord("t.jsonl", i + 1, data=r) for i, r in enumerate(PROMPTS)], "unit")
+    store_records(wh, [RawRecord("b.jsonl", 1, data=BENCH)], "tinybench", kind="benchmarks")
+    run_curate(wh, CurateConfig(semantic=SemanticConfig(enabled=False),
+                                decontam={"embedding": False}, split={"rl_fraction": 0.5}))
+    rows = []
+    for name in TASKS:
+        rows += generate_task_instances(name, [0], per_task, 0, 3, "configured", SyntheticSplitConfig())["rows"]
+    wh.write("synthetic_tasks", pl.DataFrame(rows))
+    return rows
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     from transformers import AutoTokenizer
@@ -71,14 +85,7 @@ def built(tmp_path_factory):
     from warehouse import Warehouse
 
     wh = Warehouse(tmp_path_factory.mktemp("audit"))
-    store_records(wh, [RawRecord("t.jsonl", i + 1, data=r) for i, r in enumerate(PROMPTS)], "unit")
-    store_records(wh, [RawRecord("b.jsonl", 1, data=BENCH)], "tinybench", kind="benchmarks")
-    run_curate(wh, CurateConfig(semantic=SemanticConfig(enabled=False),
-                                decontam={"embedding": False}, split={"rl_fraction": 0.5}))
-    rows = []
-    for name in TASKS:
-        rows += generate_task_instances(name, [0], 16, 0, 3, "configured", SyntheticSplitConfig())["rows"]
-    wh.write("synthetic_tasks", pl.DataFrame(rows))
+    rows = seed_curated(wh, per_task=16)
     cfg = train_config()
     tokenizer = AutoTokenizer.from_pretrained(prepare_base_model(wh, cfg.base_model, SMALL_MODEL))
     rl_side = wh.read("rl_pool")["id"].to_list() + [r["id"] for r in rows if r["split"] == "rl"]

@@ -16,32 +16,16 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from test_audit import BENCH, PROMPTS, TASKS
+from test_audit import BENCH, seed_curated
 
 from tasks.audit import AuditFailed, model_scope, run_audit
-from tasks.curate.config import CurateConfig, SemanticConfig
-from tasks.curate.pipeline import run_curate
 from tasks.evaluate import choose_model, stage_ladder
-from tasks.ingest import RawRecord, store_records
 from tasks.model_registry import FailedAuditError, rl_start_model, stage_model
-from tasks.synth.config import SyntheticSplitConfig
-from tasks.synthesize import generate_task_instances
 from warehouse import TableRef
 
 POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
 TWO_STEPS = {"POSTTRAIN__TRAIN__SFT_SHORT__STEPS": "2", "POSTTRAIN__TRAIN__SFT_SHORT__CHECKPOINT_EVERY": "2",
              "POSTTRAIN__TRAIN__SFT_SHORT__LOG_EVERY": "1"}
-
-
-def _seed(wh) -> None:
-    store_records(wh, [RawRecord("t.jsonl", i + 1, data=r) for i, r in enumerate(PROMPTS)], "unit")
-    store_records(wh, [RawRecord("b.jsonl", 1, data=BENCH)], "tinybench", kind="benchmarks")
-    run_curate(wh, CurateConfig(semantic=SemanticConfig(enabled=False),
-                                decontam={"embedding": False}, split={"rl_fraction": 0.5}))
-    rows = []
-    for name in TASKS:
-        rows += generate_task_instances(name, [0], 8, 0, 3, "configured", SyntheticSplitConfig())["rows"]
-    wh.write("synthetic_tasks", pl.DataFrame(rows))
 
 
 def _plant_benchmark_in_pool(wh) -> pl.DataFrame:
@@ -59,7 +43,7 @@ def test_a_model_that_fails_the_audit_is_recorded_failed_and_refused_unless_forc
 
     for key, value in TWO_STEPS.items():
         monkeypatch.setenv(key, value)
-    _seed(wh)
+    seed_curated(wh, per_task=8)
     clean = _plant_benchmark_in_pool(wh)
 
     with pytest.raises(AuditFailed, match="no_benchmark_item") as failed:
@@ -115,7 +99,7 @@ def test_the_gate_audits_the_snapshot_a_model_trains_on_and_its_starting_lineage
     from tasks.train.config import TrainConfig
     from tasks.train.data import write_training_tables
 
-    _seed(wh)
+    seed_curated(wh, per_task=8)
     cfg = TrainConfig(base_model={"kind": "hybrid", "name": "gate-base", "tokenizer_texts": 300},
                       data={"synthetic_per_task": 8, "rl_requires_difficulty": False})
     from test_train_engine import SMALL_MODEL
