@@ -128,6 +128,22 @@ def _read_all(wh: Warehouse, refs: list[TableRef], snapshots: dict[str, str]) ->
     return _union([wh.read_ref(r) for r in refs])
 
 
+def _add_snapshot(wh: Warehouse, out: dict[str, list[TableRef]], ref: TableRef, check: AuditCheck,
+                  missing: str) -> None:
+    """Add ``ref`` to ``out`` (once) when it is a training table's snapshot this warehouse holds;
+    flag ``missing`` when it is not held."""
+    if ref.name not in out:
+        return
+    check.checked += 1
+    try:
+        wh.ref(ref.name, ref.snapshot)
+    except KeyError:
+        check.flag(missing)
+        return
+    if all(r.snapshot != ref.snapshot for r in out[ref.name]):
+        out[ref.name].append(TableRef(ref.name, ref.snapshot))
+
+
 def _audited_snapshots(wh: Warehouse) -> tuple[dict[str, list[TableRef]], AuditCheck]:
     """Training table -> the snapshots to audit (what the newest model of each stage trained on,
     then the table's newest), and the check that they exist."""
@@ -138,16 +154,8 @@ def _audited_snapshots(wh: Warehouse) -> tuple[dict[str, list[TableRef]], AuditC
         for row in models.group_by("stage", maintain_order=True).last().iter_rows(named=True):
             for text in json.loads(row["data_snapshots"] or "[]"):
                 ref = TableRef.parse(text)
-                if ref.name not in out:
-                    continue
-                check.checked += 1
-                try:
-                    wh.ref(ref.name, ref.snapshot)
-                except KeyError:
-                    check.flag(f"model {row['model_id']} trained on {ref}, which this warehouse no longer holds")
-                    continue
-                if ref not in out[ref.name]:
-                    out[ref.name].append(ref)
+                _add_snapshot(wh, out, ref, check,
+                              f"model {row['model_id']} trained on {ref}, which this warehouse no longer holds")
     for name, refs in out.items():
         latest = wh.latest(name)
         if latest is not None and all(r.snapshot != latest.snapshot for r in refs):
@@ -163,18 +171,9 @@ def _scoped_snapshots(wh: Warehouse, scope: dict[str, list[TableRef]]) -> tuple[
     check that they exist."""
     check = AuditCheck("training_snapshots")
     out: dict[str, list[TableRef]] = {name: [] for name in SIDE_OF_TABLE}
-    for name, refs in scope.items():
+    for refs in scope.values():
         for ref in refs:
-            if name not in out:
-                continue
-            check.checked += 1
-            try:
-                wh.ref(ref.name, ref.snapshot)
-            except KeyError:
-                check.flag(f"{ref} is not in this warehouse")
-                continue
-            if all(r.snapshot != ref.snapshot for r in out[name]):
-                out[name].append(TableRef(ref.name, ref.snapshot))
+            _add_snapshot(wh, out, ref, check, f"{ref} is not in this warehouse")
     if not any(out.values()):
         check.flag(f"no training snapshot ({', '.join(SIDE_OF_TABLE)}) to audit in {wh.home}")
     return out, check
