@@ -100,7 +100,7 @@ def read_corpus(path: Path, columns: list[str]):
 def run_posttrain(path: Path, threshold: float, confirm: float) -> tuple[set[str], float]:
     from tasks.curate.config import MinHashConfig
     from tasks.curate.minhash import components, minhash_signatures, near_duplicate_edges
-    from tasks.curate.normalize import normalize_series
+    from tasks.text import normalize_series
     cfg = MinHashConfig(ngram=5, num_perm=112, bands=14, rows_per_band=8, threshold=threshold,
                         confirm_threshold=confirm)
     t0 = time.perf_counter()

@@ -28,6 +28,7 @@ def _pool_spec(name: str, pool: str) -> TableSpec:
 
 SFT_POOL = register(_pool_spec("sft_pool", "sft"))
 RL_POOL = register(_pool_spec("rl_pool", "rl"))
+POOL_TABLES = {"sft": SFT_POOL.name, "rl": RL_POOL.name}   # side -> the curated pool table
 
 EMBEDDINGS = register(TableSpec(
     "embeddings", version=1, key=("key", "model", "text_hash"),

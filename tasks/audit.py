@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from tasks.curate.normalize import normalize_texts, text_hash
-from tasks.curate.split import POOL_TABLES
+from data_specs.curation import POOL_TABLES
 from tasks.difficulty import latest_decisions
 from tasks.model_registry import read_models
+from tasks.text import normalize_texts, text_hash
 from tasks.train.judge_data import JUDGE_DOMAIN
 from warehouse import TableRef, Warehouse
 

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.curate.split import POOL_TABLES
+from data_specs.curation import POOL_TABLES
 from tasks.genrm.config import OPEN_DOMAINS
 from tasks.rollout.base import RolloutBackend
 from tasks.scoring import (

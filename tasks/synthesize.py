@@ -18,12 +18,11 @@ from typing import Any
 import polars as pl
 
 from tasks import tracking
-from tasks.curate.normalize import normalize_texts, text_hash
-from tasks.curate.split import hash_fraction
 from tasks.synth.base import SynthTask, stable_int
 from tasks.synth.calibration import STATUS_TOO_HARD, Solver, calibrate_task
 from tasks.synth.config import SynthesizeConfig, SyntheticSplitConfig
 from tasks.synth.registry import get_task, own_task_names
+from tasks.text import hash_fraction, normalize_texts, text_hash
 from warehouse import TableRef, Warehouse
 
 SYNTHETIC_TABLE = "synthetic_tasks"

@@ -33,7 +33,7 @@ import polars as pl
 
 from tasks.curate.config import FilterConfig
 from tasks.curate.filters import Row, apply_filters
-from tasks.curate.normalize import normalize_texts
+from tasks.text import normalize_texts
 
 EDITS = ("insert", "typo", "pad", "reformat")
 DEDUP_STAGES = ("curate.exact", "curate.minhash", "curate.semantic")

@@ -15,10 +15,11 @@ from tasks.curate.minhash import (
     signatures_from_bytes,
     signatures_to_bytes,
 )
-from tasks.curate.normalize import normalize_texts, tokenize
+from tasks.curate.normalize import tokenize
 from tasks.curate.pipeline import run_curate
 from tasks.curate.semantic import neighbours_above
 from tasks.ingest import RawRecord, store_records
+from tasks.text import normalize_texts
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega", "apple", "river", "stone", "cloud", "maple", "ember", "frost", "harbor", "island", "jungle"]
 

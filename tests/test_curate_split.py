@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from tasks.curate.config import SplitConfig
-from tasks.curate.split import RL, SFT, assign_pools, choose_pool, hash_fraction
+from tasks.curate.split import RL, SFT, assign_pools, choose_pool
+from tasks.text import hash_fraction
 
 CLUSTERS = [f"cluster-{i}" for i in range(400)]
 

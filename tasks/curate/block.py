@@ -23,8 +23,8 @@ import polars as pl
 from tasks.curate.accounting import StageCount
 from tasks.curate.dedup import DuplicateClusters, KeepRanking
 from tasks.curate.filters import answer_parses
-from tasks.curate.normalize import normalize_series, text_hash
 from tasks.curate.split import LinkGraph
+from tasks.text import normalize_series, text_hash
 
 DEFAULT_SOURCE_PRIORITY = 100
 

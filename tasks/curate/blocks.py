@@ -37,12 +37,12 @@ from tasks.curate.decontaminate import (
 )
 from tasks.curate.filters import FilterOutcome, Row, apply_filters
 from tasks.curate.minhash import near_duplicate_edges
-from tasks.curate.normalize import normalize_series, text_hash
 from tasks.curate.parallel import chunked
 from tasks.curate.semantic import neighbours_above
 from tasks.curate.split import assign_pools, cross_pool_edges
 from tasks.curate.stores import EmbeddingStore, SignatureStore
 from tasks.genrm.config import OPEN_DOMAINS
+from tasks.text import normalize_series, text_hash
 
 OVERLAP_SCHEMA = {"row": pl.Int64, "item": pl.Int64, "shared": pl.UInt32, "coverage": pl.Float64}
 

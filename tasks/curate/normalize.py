@@ -1,4 +1,5 @@
-"""Text normalization and stable token / n-gram hashing shared by dedup and decontamination.
+"""Stable token / n-gram hashing shared by dedup and decontamination (texts are normalized by
+``tasks.text`` first).
 
 Every hash here is deterministic across processes, machines and library versions
 (blake2b per distinct token, then a fixed polynomial over token hashes), because MinHash
@@ -12,27 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-# Punctuation and symbols become spaces: "x^2+1" and "x^2 + 1" normalize alike.
-_PUNCT = r"[\p{P}\p{S}]+"
-_SPACE = r"\s+"
 # Odd 64-bit multipliers for the position-weighted n-gram hash (fixed so hashes are stable).
 _POSITION_MULTIPLIERS = (np.random.default_rng(20250613).integers(1, 2**63, size=256, dtype=np.uint64)
                          | np.uint64(1))
-
-
-def normalize_series(texts: pl.Series) -> pl.Series:
-    """Unicode NFKC, lower case, punctuation dropped, whitespace collapsed."""
-    return (texts.fill_null("").str.normalize("NFKC").str.to_lowercase()
-            .str.replace_all(_PUNCT, " ").str.replace_all(_SPACE, " ").str.strip_chars())
-
-
-def normalize_texts(texts: list[str] | pl.Series) -> list[str]:
-    series = texts if isinstance(texts, pl.Series) else pl.Series("text", texts, dtype=pl.Utf8)
-    return normalize_series(series).to_list()
-
-
-def text_hash(normalized: str) -> str:
-    return hashlib.sha256(normalized.encode("utf-8")).hexdigest()[:32]
 
 
 def token_hash(token: str) -> int:

@@ -28,6 +28,7 @@ import numpy as np
 import polars as pl
 
 from data_specs import get_spec
+from data_specs.curation import POOL_TABLES
 from tasks.curate.accounting import DecisionLog, StageCount
 from tasks.curate.block import Block, BlockResult, CurationView, candidate_rows, node_space
 from tasks.curate.blocks import (
@@ -44,7 +45,6 @@ from tasks.curate.blocks import (
 )
 from tasks.curate.config import CurateConfig
 from tasks.curate.parallel import LocalMapper
-from tasks.curate.split import POOL_TABLES
 from tasks.curate.stores import EmbeddingStore, SignatureStore
 from warehouse import TableRef, Warehouse
 

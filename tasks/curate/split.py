@@ -10,22 +10,15 @@ re-checks it on the final pools.
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 
 import numpy as np
 
 from tasks.curate.config import SplitConfig
 from tasks.curate.minhash import components
+from tasks.text import hash_fraction
 
 SFT, RL = "sft", "rl"
-POOL_TABLES = {SFT: "sft_pool", RL: "rl_pool"}   # side -> the curated pool table
-
-
-def hash_fraction(key: str, seed: int) -> float:
-    """Deterministic value in [0, 1) from a key: the same cluster always lands the same way."""
-    digest = hashlib.sha256(f"{seed}\x1f{key}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
 # salt of the open share's draw, so which open clusters go to RL does not follow rl_fraction's draw

@@ -9,9 +9,9 @@ import polars as pl
 from data_specs import get_spec
 from tasks.curate import minhash as mh
 from tasks.curate.config import MinHashConfig, SemanticConfig
-from tasks.curate.normalize import text_hash
 from tasks.curate.parallel import chunked
 from tasks.curate.semantic import encode, vectors_from_bytes, vectors_to_bytes
+from tasks.text import text_hash
 from warehouse import TableRef, Warehouse
 
 

@@ -26,9 +26,9 @@ import polars as pl
 import torch
 
 from data_specs import get_spec
+from data_specs.curation import POOL_TABLES
 from data_specs.stages import TRAINING_TABLES, stages_reading
 from model.losses import IGNORE_INDEX
-from tasks.curate.split import POOL_TABLES
 from tasks.genrm.config import OPEN_DOMAINS
 from tasks.rollout.chat import render_prompt, tokenizer_chat
 from tasks.train.config import TrainConfig
