@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .lightning_naive import _validate, per_sequence
+from .utils import kernel_entry
 
 
 def _chunk_decays(slope: torch.Tensor, seq_len: int, chunk: int):
@@ -39,6 +39,7 @@ def _chunk_decays(slope: torch.Tensor, seq_len: int, chunk: int):
     return query_decay, key_decay, chunk_decay, intra_decay
 
 
+@kernel_entry("lightning", split_varlen=True)
 def lightning_attn_chunk(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -55,10 +56,6 @@ def lightning_attn_chunk(
     (state carried between spans) so that intermediates stay cache-sized and time stays
     linear in T; within a span all chunks are batched. Packed sequences (``cu_seqlens``) run
     one after another."""
-    _validate(q, k, v, slope)
-    if cu_seqlens is not None:
-        return per_sequence(lightning_attn_chunk, q, k, v, slope, initial_state, output_final_state, scale,
-                            cu_seqlens, chunk_size=chunk_size, span_size=span_size)
     batch, heads, seq_len, _ = q.shape
     v_dim = v.shape[-1]
     if seq_len == 0:
@@ -66,7 +63,6 @@ def lightning_attn_chunk(
         return v.new_zeros(batch, heads, 0, v_dim), state
     if scale != 1.0:
         q = q * scale
-    slope = slope.to(q.device)
     span = max(chunk_size, span_size // chunk_size * chunk_size)
     state = initial_state.float() if initial_state is not None else None
     outputs = []

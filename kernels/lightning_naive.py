@@ -21,51 +21,10 @@ from __future__ import annotations
 
 import torch
 
-
-def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slope: torch.Tensor) -> None:
-    if q.dim() != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
-        raise ValueError(
-            f"lightning attention expects q, k [B, H, T, K] and v [B, H, T, V]; "
-            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    if slope.shape != (q.shape[1],):
-        raise ValueError(f"slope must have shape [H={q.shape[1]}], got {tuple(slope.shape)}")
+from .utils import kernel_entry
 
 
-def _validate_varlen(q: torch.Tensor, cu_seqlens: torch.Tensor, initial_state: torch.Tensor | None) -> int:
-    """Number of packed sequences; checks the [1, H, T_total, D] layout and the offsets."""
-    if q.shape[0] != 1:
-        raise ValueError(f"packed sequences (cu_seqlens) need batch size 1, got q {tuple(q.shape)}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype not in (torch.int32, torch.int64):
-        raise ValueError("cu_seqlens must be an int32 tensor [N+1] of cumulative sequence lengths")
-    if int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != q.shape[2] or bool((cu_seqlens.diff() < 0).any()):
-        raise ValueError(
-            f"cu_seqlens must rise from 0 to T_total={q.shape[2]}, got {cu_seqlens.tolist()}"
-        )
-    n_seqs = cu_seqlens.numel() - 1
-    if initial_state is not None and initial_state.shape[0] != n_seqs:
-        raise ValueError(f"initial_state must hold one state per sequence ({n_seqs}), got {tuple(initial_state.shape)}")
-    return n_seqs
-
-
-def per_sequence(attn, q, k, v, slope, initial_state, output_final_state, scale, cu_seqlens, **kw):
-    """Run ``attn`` on each packed sequence of ``cu_seqlens`` and join the results."""
-    n_seqs = _validate_varlen(q, cu_seqlens, initial_state)
-    bounds = cu_seqlens.tolist()
-    outputs, finals = [], []
-    for n in range(n_seqs):
-        span = slice(bounds[n], bounds[n + 1])
-        h0 = initial_state[n : n + 1] if initial_state is not None else None
-        out, final = attn(q[:, :, span], k[:, :, span], v[:, :, span], slope, h0, output_final_state, scale, **kw)
-        if final is None and output_final_state:  # an empty sequence keeps its initial state
-            final = h0.float() if h0 is not None else q.new_zeros(1, q.shape[1], q.shape[3], v.shape[3],
-                                                                 dtype=torch.float32)
-        outputs.append(out)
-        finals.append(final)
-    out = torch.cat(outputs, dim=2)
-    return out, (torch.cat(finals) if output_final_state else None)
-
-
+@kernel_entry("lightning", split_varlen=True)
 def lightning_attn_naive(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -77,14 +36,10 @@ def lightning_attn_naive(
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Quadratic form: o = ((q k^T) * D) v + decayed read of the initial state, all in fp32."""
-    _validate(q, k, v, slope)
-    if cu_seqlens is not None:
-        return per_sequence(lightning_attn_naive, q, k, v, slope, initial_state, output_final_state, scale,
-                            cu_seqlens)
     out_dtype = v.dtype
     q, k, v = q.float() * scale, k.float(), v.float()
     seq_len = q.shape[2]
-    s = slope.float().to(q.device).view(1, -1, 1, 1)
+    s = slope.float().view(1, -1, 1, 1)
     pos = torch.arange(seq_len, device=q.device, dtype=torch.float32)
     dist = pos[:, None] - pos[None, :]
     # where() rather than multiply: exp of a negative distance overflows and inf*0 is nan.
@@ -101,6 +56,7 @@ def lightning_attn_naive(
     return out.to(out_dtype), final_state
 
 
+@kernel_entry("lightning", split_varlen=True)
 def lightning_attn_recurrent(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -112,13 +68,9 @@ def lightning_attn_recurrent(
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token-by-token recurrence with an fp32 state; the decoding path (T is usually 1)."""
-    _validate(q, k, v, slope)
-    if cu_seqlens is not None:
-        return per_sequence(lightning_attn_recurrent, q, k, v, slope, initial_state, output_final_state,
-                            scale, cu_seqlens)
     batch, heads, seq_len, k_dim = q.shape
     v_dim = v.shape[-1]
-    step_decay = torch.exp(-slope.float().to(q.device)).view(1, heads, 1, 1)
+    step_decay = torch.exp(-slope.float()).view(1, heads, 1, 1)
     state = (
         initial_state.float()
         if initial_state is not None

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .launch_config import LightningLaunch, lightning_launch
-from .lightning_naive import _validate, _validate_varlen
+from .utils import kernel_entry
 
 # --------------------------------------------------------------------------- helpers
 
@@ -291,14 +291,13 @@ def _scan_grid(k, v, launch: LightningLaunch, n_seqs: int) -> tuple[int, int, in
 class LightningAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, slope, initial_state, output_final_state, chunk_size, cu_seqlens, launch):
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        slope = slope.float().contiguous()
+        slope = slope.float()
         batch, heads, seq_len, k_dim = q.shape
         v_dim = v.shape[-1]
         n_seqs = cu_seqlens.numel() - 1 if cu_seqlens is not None else batch
         launch = launch or lightning_launch(k_dim, v_dim, q.element_size(), chunk_size)
         chunking = _Chunking(seq_len, launch.block_t, cu_seqlens)
-        h0 = initial_state.float().contiguous() if initial_state is not None else None
+        h0 = initial_state.float() if initial_state is not None else None
 
         states, final_state = _chunk_states(k, v, slope, h0, output_final_state, chunking, launch, n_seqs)
         out = torch.empty_like(v)
@@ -345,6 +344,7 @@ class LightningAttnFunction(torch.autograd.Function):
         return dq, dk, dv, None, dh0, None, None, None, None
 
 
+@kernel_entry("lightning", contiguous=True)
 def lightning_attn_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -357,11 +357,8 @@ def lightning_attn_triton(
     cu_seqlens: torch.Tensor | None = None,
     launch: LightningLaunch | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``launch`` overrides the tiles ``lightning_launch`` picks (benchmarks sweep it)."""
-    _validate(q, k, v, slope)
-    if cu_seqlens is not None:
-        _validate_varlen(q, cu_seqlens, initial_state)
-        cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
+    """``launch`` overrides the tiles ``lightning_launch`` picks (benchmarks sweep it). Inputs
+    arrive contiguous, slope on q's device and ``cu_seqlens`` int32 (``kernel_entry``)."""
     if q.shape[2] == 0:  # nothing to launch; every sequence keeps its initial state
         n_seqs = cu_seqlens.numel() - 1 if cu_seqlens is not None else q.shape[0]
         final = None
@@ -372,5 +369,5 @@ def lightning_attn_triton(
     if scale != 1.0:
         q = q * scale  # outside the Function so autograd carries the scale into dq
     return LightningAttnFunction.apply(
-        q, k, v, slope.to(q.device), initial_state, output_final_state, chunk_size, cu_seqlens, launch
+        q, k, v, slope, initial_state, output_final_state, chunk_size, cu_seqlens, launch
     )

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .logprob_naive import _validate
+from .utils import kernel_entry
 
 
 def _online_stats(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, vocab_chunk: int):
@@ -108,6 +108,7 @@ class FusedTokenLogprob(torch.autograd.Function):
         return d_hidden, d_weight.to(weight.dtype), None, None, None, None
 
 
+@kernel_entry("head")
 def token_logprobs_fused(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -116,5 +117,4 @@ def token_logprobs_fused(
     vocab_chunk: int = 4096,
     row_chunk: int = 1024,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    _validate(hidden, weight, labels)
     return FusedTokenLogprob.apply(hidden, weight, labels, ignore_index, vocab_chunk, row_chunk)

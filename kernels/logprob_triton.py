@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .launch_config import HeadLaunch, head_launch
-from .logprob_naive import _validate
+from .utils import kernel_entry
 
 
 @triton.jit
@@ -155,9 +155,9 @@ def _logit_kwargs(launch: HeadLaunch) -> dict:
 class TritonTokenLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, ignore_index, launch):
-        h = hidden.reshape(-1, hidden.shape[-1]).contiguous()
-        w = weight.contiguous()
-        flat_labels = labels.reshape(-1).contiguous()
+        h = hidden.reshape(-1, hidden.shape[-1])
+        w = weight
+        flat_labels = labels.reshape(-1)
         n_rows, dim = h.shape
         vocab = w.shape[0]
         launch = launch or head_launch(n_rows, vocab, dim)
@@ -194,6 +194,7 @@ class TritonTokenLogprob(torch.autograd.Function):
         return dh.view(hidden_shape), dw.to(w.dtype), None, None, None
 
 
+@kernel_entry("head", contiguous=True)
 def token_logprobs_triton(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -201,6 +202,6 @@ def token_logprobs_triton(
     ignore_index: int = -100,
     launch: HeadLaunch | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``launch`` overrides the tiles and precision ``head_launch`` picks from the shapes."""
-    _validate(hidden, weight, labels)
+    """``launch`` overrides the tiles and precision ``head_launch`` picks from the shapes. Inputs
+    arrive contiguous (``kernel_entry``), so the flattened rows are views."""
     return TritonTokenLogprob.apply(hidden, weight, labels, ignore_index, launch)
