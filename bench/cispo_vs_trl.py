@@ -47,7 +47,7 @@ def make_rollouts(args, path: Path) -> None:
     import polars as pl
     import torch
 
-    from model.losses import token_logprobs
+    from model.logprobs import token_logprobs
 
     g = torch.Generator().manual_seed(0)
     model = build_model(args).eval()
@@ -106,7 +106,8 @@ def _peak_mb(baseline_kb: int) -> float:
 def run_posttrain(args, batch) -> dict:
     import torch
 
-    from model.losses import cispo_loss, token_logprobs
+    from model.logprobs import token_logprobs
+    from model.losses import cispo_loss
     from tasks.train.config import EngineConfig, OptimizerConfig
     from tasks.train.engine import backward_and_step, create_engine
 

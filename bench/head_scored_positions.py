@@ -85,9 +85,11 @@ def compare(model_path: str, data, max_tokens: int, shared: bool, micro: int, ba
     import torch
     from prefix_shared_sft import alternating_tokens_per_second, sft_micro_batches
 
+    from model.config import IGNORE_INDEX
     from model.loading import load_causal_lm
-    from model.losses import IGNORE_INDEX, response_logprobs, sft_loss
-    from tasks.train.data import pad_id_of
+    from model.logprobs import response_logprobs
+    from model.losses import sft_loss
+    from tasks.train.encoding import pad_id_of
 
     model, tokenizer = load_causal_lm(model_path)
     model.train()

@@ -32,7 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def sft_micro_batches(data, tokenizer, micro: int, batches: int, max_tokens: int) -> list[dict]:
     """``batches`` + 1 micro-batches of ``micro`` rows sampled (seeded) from ``data``'s prompt and
     response columns, padded as an SFT stage pads them (the first is for warm-up and checks)."""
-    from tasks.train.data import encode_example, pad_batch, pad_id_of
+    from tasks.train.encoding import encode_example, pad_batch, pad_id_of
 
     pad = pad_id_of(tokenizer)
     sample = data.sample(n=min(micro * (batches + 1), data.height), seed=0, shuffle=True)
@@ -63,15 +63,11 @@ def main() -> None:
     import polars as pl
     import torch
 
+    from model.config import IGNORE_INDEX
     from model.loading import load_causal_lm
-    from model.losses import (
-        IGNORE_INDEX,
-        prefix_shared_logprobs,
-        response_logprobs,
-        sft_loss,
-        token_logprobs,
-    )
-    from tasks.train.data import pad_id_of
+    from model.logprobs import prefix_shared_logprobs, response_logprobs, token_logprobs
+    from model.losses import sft_loss
+    from tasks.train.encoding import pad_id_of
     from warehouse import Warehouse
 
     torch.set_num_threads(1)

@@ -62,7 +62,7 @@ def make_batch(args, vocab: int) -> tuple[dict, torch.Tensor]:
 
     from model.config import IGNORE_INDEX
     from model.losses import group_advantages
-    from tasks.train.data import pad_batch
+    from tasks.train.encoding import pad_batch
 
     gen = torch.Generator().manual_seed(0)
     seqs, prompt_lengths = [], []
@@ -94,7 +94,7 @@ def main() -> None:
 
     import torch
 
-    from model.losses import prefix_shared_logprobs, token_logprobs
+    from model.logprobs import prefix_shared_logprobs, token_logprobs
     from tasks.train.config import EngineConfig, OptimizerConfig, RLStageConfig
     from tasks.train.engine import create_engine
     from tasks.train.rl import _minibatch_step

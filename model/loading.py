@@ -53,7 +53,7 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", device: str = "cpu"
 def adopt_fused_head(model) -> str | None:
     """Route a Hugging Face causal LM's token scoring through the fused FP32 head (M1: the
     train/inference log-prob gap came from the LM head's precision): its ``lm_head`` becomes a
-    ``FusedLogprobHead`` holding the same Parameter, so ``model.losses.token_logprobs`` scores
+    ``FusedLogprobHead`` holding the same Parameter, so ``model.logprobs.token_logprobs`` scores
     from the decoder's final hidden states and that weight in FP32, never by upcasting
     low-precision logits. Only when the model's logits are exactly ``hidden @ lm_head.weight``,
     checked on a probe forward (soft-capped or scaled logits would be scored wrongly).

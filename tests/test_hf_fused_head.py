@@ -15,7 +15,7 @@ from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from model.hybrid import FusedLogprobHead
 from model.loading import adopt_fused_head, load_causal_lm
-from model.losses import logprobs_from_logits, prefix_shared_logprobs, token_logprobs
+from model.logprobs import logprobs_from_logits, prefix_shared_logprobs, token_logprobs
 from tasks.rollout.tiny_model import tiny_llama_path
 
 

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from model import losses
+from model import logprobs, losses
 from model.optim import build_adamw
 
 
@@ -25,7 +25,7 @@ def test_sft_token_vs_sample_normalization():
 def test_logprobs_from_logits_matches_log_softmax_and_ignores():
     logits = torch.tensor([[[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]])
     labels = torch.tensor([[2, -100]])
-    logp, entropy = losses.logprobs_from_logits(logits, labels)
+    logp, entropy = logprobs.logprobs_from_logits(logits, labels)
     expect = 3.0 - math.log(math.exp(1) + math.exp(2) + math.exp(3))
     assert logp[0, 0].item() == pytest.approx(expect, abs=1e-6)
     assert logp[0, 1].item() == 0.0
@@ -195,7 +195,7 @@ def test_token_logprobs_fused_path_matches_logits_path():
                                    "softmax_attention_every": 2})
     ids = torch.randint(0, len(tok), (2, 9), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
-    fused, ent, _ = losses.token_logprobs(model, ids, mask)
+    fused, ent, _ = logprobs.token_logprobs(model, ids, mask)
     logits = model(input_ids=ids, attention_mask=mask).logits
-    ref, ref_ent = losses.logprobs_from_logits(logits[:, :-1], ids[:, 1:])
+    ref, ref_ent = logprobs.logprobs_from_logits(logits[:, :-1], ids[:, 1:])
     assert torch.allclose(fused, ref, atol=1e-5) and torch.allclose(ent, ref_ent, atol=1e-4)

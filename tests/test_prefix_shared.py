@@ -17,17 +17,16 @@ import torch
 
 from model.config import IGNORE_INDEX, HybridConfig
 from model.hybrid import HybridForCausalLM
-from model.losses import (
-    group_advantages,
-    policy_loss,
+from model.logprobs import (
     prefix_layout,
     prefix_shared_logprobs,
     response_starts,
     shared_prefix_groups,
     token_logprobs,
 )
+from model.losses import group_advantages, policy_loss
 from tasks.train.config import EngineConfig, OptimizerConfig, RLStageConfig
-from tasks.train.data import pad_batch
+from tasks.train.encoding import pad_batch
 from tasks.train.engine import create_engine
 from tasks.train.rl import _behaviour_logprobs, _micro_batches, _minibatch_step
 

@@ -17,9 +17,10 @@ import torch
 
 from model.config import HybridConfig
 from model.hybrid import HybridForCausalLM
-from model.losses import group_advantages, policy_loss, token_logprobs
+from model.logprobs import token_logprobs
+from model.losses import group_advantages, policy_loss
 from tasks.train.config import TrainConfig
-from tasks.train.data import pad_batch
+from tasks.train.encoding import pad_batch
 from tasks.train.harness import StageHarness, StageJob
 from tasks.train.rl import _minibatches, _update
 from warehouse import TableRef

@@ -85,7 +85,7 @@ def test_known_logprobs_are_summed_as_before():
 def test_rl_marks_the_sampler_logprobs_it_does_not_know(tmp_path):
     from transformers import AutoTokenizer
 
-    from tasks.train.data import encode_prompt, pad_id_of
+    from tasks.train.encoding import encode_prompt, pad_id_of
     from tasks.train.rl import RolloutBatch, _training_tensors
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_path(home=tmp_path))

@@ -26,10 +26,9 @@ from tasks.train.data import (
     Sources,
     build_dpo_pairs,
     build_sft_data,
-    encode_example,
     gold_response,
-    prompt_text,
 )
+from tasks.train.encoding import encode_example, prompt_text
 from tasks.train.judge_data import JUDGE_DOMAIN
 
 PROMPTS = {

@@ -7,8 +7,9 @@ import torch
 
 from tasks.synthesize import generate_task_instances
 from tasks.train.config import TrainConfig
-from tasks.train.data import batch_indices, write_training_tables
+from tasks.train.data import write_training_tables
 from tasks.train.ds_config import deepspeed_config
+from tasks.train.encoding import batch_indices
 from tasks.train.runner import StageJob, execute_stage
 
 TASKS = ["object_counting", "boolean_expressions", "web_of_lies", "operation"]

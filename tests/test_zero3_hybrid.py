@@ -13,7 +13,8 @@ import torch
 
 from model.config import HybridConfig
 from model.hybrid import HybridForCausalLM
-from model.losses import sft_loss, token_logprobs
+from model.logprobs import token_logprobs
+from model.losses import sft_loss
 from model.optim import build_adamw
 from tasks.train.config import EngineConfig
 from tasks.train.ds_config import deepspeed_config

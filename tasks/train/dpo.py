@@ -11,8 +11,10 @@ import os
 
 import torch
 
-from model.losses import IGNORE_INDEX, dpo_loss, response_logprobs, sequence_logprob
-from tasks.train.data import batch_indices, encode_example, pad_batch, pad_id_of
+from model.config import IGNORE_INDEX
+from model.logprobs import response_logprobs
+from model.losses import dpo_loss, sequence_logprob
+from tasks.train.encoding import batch_indices, encode_example, pad_batch, pad_id_of
 from tasks.train.engine import backward_and_step, current_lr
 from tasks.train.harness import StageHarness, ids_digest
 

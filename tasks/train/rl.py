@@ -25,21 +25,15 @@ import polars as pl
 import torch
 
 from data_specs import get_spec
-from model.losses import (
-    IGNORE_INDEX,
-    SharedLogprobs,
-    group_advantages,
-    informative_groups,
-    masked_mean,
-    policy_loss,
-    response_logprobs,
-)
+from model.config import IGNORE_INDEX
+from model.logprobs import SharedLogprobs, response_logprobs
+from model.losses import group_advantages, informative_groups, masked_mean, policy_loss
 from tasks.genrm.length_bias import LengthBiasMonitor, LengthCorrection
 from tasks.genrm.references import current_references
 from tasks.rollout.base import RolloutBackend, SamplingParams
 from tasks.rollout.config import RolloutConfig
 from tasks.train.curriculum import Curriculum
-from tasks.train.data import encode_prompt, pad_batch, pad_id_of, prompt_text
+from tasks.train.encoding import encode_prompt, pad_batch, pad_id_of, prompt_text
 from tasks.train.engine import (
     backward_and_step,
     broadcast_from_rank0,

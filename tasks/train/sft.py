@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from model.losses import IGNORE_INDEX, response_logprobs, sft_loss
-from tasks.train.data import batch_indices, encode_example, pad_batch, pad_id_of
+from model.config import IGNORE_INDEX
+from model.logprobs import response_logprobs
+from model.losses import sft_loss
+from tasks.train.encoding import batch_indices, encode_example, pad_batch, pad_id_of
 from tasks.train.engine import backward_and_step, current_lr
 from tasks.train.harness import StageHarness, ids_digest
 
