@@ -43,6 +43,7 @@ from flows.synthesize import synthesize_flow
 from flows.train import train_stage_flow
 from tasks import tracking
 from tasks.profile import CoreSettings, Profile, load_profile
+from tasks.rollout.factory import BACKENDS
 from warehouse import TableRef, Warehouse, recording_tables
 from warehouse.store import TableUse
 
@@ -78,8 +79,8 @@ def accelerators_in(settings: Any) -> set[str]:
         for key, value in settings.items():
             if key in ("accelerator", "device") and isinstance(value, str) and value.split(":")[0] != "cpu":
                 found.add(value.split(":")[0] if key == "accelerator" else value)
-            elif key == "backend" and value == "vllm":
-                found.add("cuda")
+            elif key == "backend" and isinstance(value, str) and value in BACKENDS:
+                found |= {BACKENDS[value].device} - {None}
             else:
                 found |= accelerators_in(value)
     elif isinstance(settings, list):

