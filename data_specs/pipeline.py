@@ -14,8 +14,10 @@ STAGE_RUNS = register(TableSpec(
         Column("cache_key", pl.Utf8, required=True,
                description="hash of the stage's config sections, upstream keys and package versions"),
         Column("inputs", pl.Utf8, required=True,
-               description="JSON list of name@snapshot: each table it consulted, as of the stage's end"),
-        Column("outputs", pl.Utf8, required=True, description="JSON map table -> list of name@snapshot it wrote"),
+               description="JSON list of table references ({name, snapshot, rows, content_hash}): each table it "
+                           "consulted, at the snapshot it read (snapshot none: the table did not exist)"),
+        Column("outputs", pl.Utf8, required=True,
+               description="JSON map table -> list of table references (as in inputs) it wrote, oldest first"),
         Column("config_hash", pl.Utf8, required=True),
         Column("mlflow_run_id", pl.Utf8),
         Column("summary", pl.Utf8, description="JSON summary the stage returned"),

@@ -198,11 +198,21 @@ def last_stage_run(wh: Warehouse, stage: str) -> dict | None:
     return rows.row(-1, named=True) if rows.height else None
 
 
+def _stored_ref(item: dict | str) -> TableRef:
+    """A table reference as ``stage_runs`` stores it: a ``TableRef``'s fields (rows recorded
+    before both columns held references hold ``name@snapshot`` text)."""
+    return TableRef(**item) if isinstance(item, dict) else TableRef.parse(item)
+
+
+def _input_refs(inputs: str | None) -> list[TableRef]:
+    """A ``stage_runs.inputs`` cell: each table read, at the snapshot read (``none``: it did not
+    exist)."""
+    return [_stored_ref(item) for item in json.loads(inputs or "[]")]
+
+
 def _output_refs(outputs: str | None) -> dict[str, list[TableRef]]:
-    """A ``stage_runs.outputs`` cell: table -> the snapshots written, oldest first (rows recorded
-    before outputs were stored as references hold ``name@snapshot`` text)."""
-    return {table: [TableRef(**r) if isinstance(r, dict) else TableRef.parse(r)
-                    for r in (refs if isinstance(refs, list) else [refs])]
+    """A ``stage_runs.outputs`` cell: table -> the snapshots written, oldest first."""
+    return {table: [_stored_ref(r) for r in (refs if isinstance(refs, list) else [refs])]
             for table, refs in json.loads(outputs or "{}").items()}
 
 
@@ -243,10 +253,9 @@ def changed_reads(wh: Warehouse, name: str, previous: dict) -> list[str]:
         return writer not in order or writer in earlier
 
     changed = []
-    for item in json.loads(previous["inputs"] or "[]"):
-        table, _, snapshot = item.partition("@")
-        if any(_counts(writers.get(f"{table}@{s}")) for s in snapshots_since(wh, table, snapshot)):
-            changed.append(table)
+    for ref in _input_refs(previous["inputs"]):
+        if any(_counts(writers.get(f"{ref.name}@{s}")) for s in snapshots_since(wh, ref.name, ref.snapshot)):
+            changed.append(ref.name)
     return changed
 
 
@@ -262,12 +271,12 @@ def record_stage_run(wh: Warehouse, stage: Stage, key: str, use: TableUse, confi
     """``inputs``: each table the stage consulted, at the first snapshot it read (one it only
     asked about, at its snapshot when the stage ended; ``@none``: it did not exist);
     ``outputs``: table -> every snapshot the stage wrote (both as the warehouse recorded them)."""
-    inputs = [f"{t}@{use.snapshots[t]}" if t in use.snapshots else str(wh.latest(t) or f"{t}@none")
+    inputs = [TableRef(t, use.snapshots[t]) if t in use.snapshots else wh.latest(t) or TableRef(t, "none")
               for t in sorted(use.read)]
     outputs: dict[str, list[dict]] = {}
     for ref in use.written:
         outputs.setdefault(ref.name, []).append(asdict(ref))
-    row = {"stage": stage.name, "cache_key": key, "inputs": json.dumps(inputs),
+    row = {"stage": stage.name, "cache_key": key, "inputs": json.dumps([asdict(ref) for ref in inputs]),
            "outputs": json.dumps(outputs, sort_keys=True), "config_hash": config_hash,
            "mlflow_run_id": result.get("mlflow_run_id"), "summary": json.dumps(result, default=str),
            "seconds": seconds}
@@ -315,7 +324,7 @@ def _reuse_reason(stage: Stage, key: str, previous: dict | None, wh: Warehouse, 
     if changed:
         flow_logger().info("stage %s runs again: %s changed since its last run", stage.name, changed)
         return None
-    read = len(json.loads(previous["inputs"] or "[]"))
+    read = len(_input_refs(previous["inputs"]))
     return (f"config, upstream stages and the {read} table{'' if read == 1 else 's'} it read unchanged "
             f"since MLflow run {previous['mlflow_run_id']}")
 

@@ -169,6 +169,29 @@ def test_a_read_table_counts_as_changed_only_when_an_earlier_stage_or_new_data_r
     assert changed_reads(wh, "dpo_short", previous) == ["pool"]
 
 
+def test_a_stage_run_records_what_it_read_and_wrote_in_one_form_and_old_rows_still_read(wh):
+    """``inputs`` and ``outputs`` both hold table references (a TableRef's fields), so a reader
+    never tells two encodings apart; rows written with ``name@snapshot`` text still read."""
+    from flows.pipeline import STAGES, changed_reads, last_stage_run, record_stage_run
+    from warehouse import TableRef, recording_tables
+
+    pool = wh.write("pool", pl.DataFrame({"x": [1]}))
+    with recording_tables() as use:
+        wh.read("pool")
+        wh.exists("absent")
+        out = wh.write("notes", pl.DataFrame({"y": [1, 2]}))
+    record_stage_run(wh, STAGES["dpo_short"], "k", use, "c", {}, 1.0)
+    row = last_stage_run(wh, "dpo_short")
+    inputs, outputs = json.loads(row["inputs"]), json.loads(row["outputs"])
+    assert [TableRef(**r) for r in inputs] == [TableRef("absent", "none"), TableRef("pool", pool.snapshot)]
+    assert [TableRef(**r) for r in outputs["notes"]] == [out] and outputs["notes"][0]["rows"] == 2
+    assert changed_reads(wh, "dpo_short", row) == []
+    wh.append("pool", pl.DataFrame({"x": [2]}))          # new data outside the pipeline
+    assert changed_reads(wh, "dpo_short", row) == ["pool"]
+    _stage_run(wh, "dpo_long", [str(pool), "absent@none"], {"notes": [str(out)]})   # the old text form
+    assert changed_reads(wh, "dpo_long", last_stage_run(wh, "dpo_long")) == ["pool"]
+
+
 def test_independent_stages_run_side_by_side_and_a_failure_stops_only_what_depends_on_it():
     import threading
 
