@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -117,6 +118,9 @@ class StageHarness:
             return 0, {}
         step = int(state["step"])
         self.history = self.steps.truncate_after(step - 1) if self.is_rank0 else []
+        if self.is_rank0:
+            print(f"posttrain: {self.job.stage} resumes from its checkpoint at step {step} of "
+                  f"{self.stage_cfg.steps} ({self.path})", file=sys.stderr, flush=True)
         return step, state
 
     def global_batch(self) -> int:

@@ -1,0 +1,204 @@
+"""A killed pipeline leaves nothing of itself running, and a rerun ends with the tables an
+uninterrupted run writes (issue #32, item 12).
+
+The whole `posttrain run --profile tiny` through the installed entry point, in subprocesses of
+their own sessions (as a shell runs them), on a smaller copy of the default run (fewer steps and
+instances, set by environment overrides; every stage still runs). One home runs without
+interruption. A second home's run is killed with -9 on its process group while the judge trains
+in its own launcher process (after its first checkpoint), rerun and stopped with SIGTERM while
+the judge trains again, then rerun to the end. Then:
+
+- 10 s after the kill -9 no process of that run is alive (the launcher included), and SIGTERM
+  ends the run and its launcher within 30 s with the command returning;
+- the judge resumed from its checkpoint instead of starting over;
+- every table of the interrupted home holds what the uninterrupted one holds (run ids, times,
+  paths under the home and the like set aside: the columns ``VOLATILE`` names).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import polars as pl
+import psutil
+import pytest
+from test_cli import POSTTRAIN
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+# every stage runs, on fewer steps and rows: the judge trains 60 steps (a checkpoint every 10) in
+# its own launcher, the policy's stages a few steps each, evaluate a few items; curate without
+# its embedding model (the MinHash and n-gram stages run)
+SMALL_RUN = {
+    "POSTTRAIN__TRAIN__JUDGE__STEPS": "60",
+    "POSTTRAIN__TRAIN__JUDGE__CHECKPOINT_EVERY": "10",
+    "POSTTRAIN__TRAIN__SFT_SHORT__STEPS": "20",
+    "POSTTRAIN__TRAIN__SFT_SHORT__CHECKPOINT_EVERY": "10",
+    "POSTTRAIN__TRAIN__DPO_SHORT__STEPS": "4",
+    "POSTTRAIN__TRAIN__DPO_SHORT__CHECKPOINT_EVERY": "2",
+    "POSTTRAIN__TRAIN__RL__STEPS": "6",
+    "POSTTRAIN__TRAIN__RL__CHECKPOINT_EVERY": "3",
+    "POSTTRAIN__TRAIN__RL__MAX_PROMPTS": "40",
+    "POSTTRAIN__TRAIN__DATA__JUDGE_EXAMPLES_PER_TASK": "40",
+    "POSTTRAIN__TRAIN__BASE_MODEL__TOKENIZER_TEXTS": "1000",
+    "POSTTRAIN__SYNTHESIZE__PER_TASK": "4",
+    "POSTTRAIN__SYNTHESIZE__PER_TASK_BY_TASK": "{web_of_lies: 60, object_properties: 60, object_counting: 60}",
+    "POSTTRAIN__EVALUATE__SYNTHETIC__PER_TASK": "10",
+    "POSTTRAIN__EVALUATE__N": "2",
+    "POSTTRAIN__EVALUATE__K": "[1, 2]",
+    "POSTTRAIN__EVALUATE__MAX_ITEMS": "1",
+    "POSTTRAIN__REFERENCES__VALIDATION__SYNTHETIC_ITEMS": "10",
+    "POSTTRAIN__INGEST__REASONING_GYM_PER_TASK": "5",
+    "POSTTRAIN__CURATE__SEMANTIC__ENABLED": "false",
+    "POSTTRAIN__CURATE__DECONTAM__EMBEDDING": "false",
+}
+# what differs between two homes by construction: ids and times of runs (and row ids hashed with
+# them), seconds taken, and the run bookkeeping (stage_runs: which snapshots each stage read; its
+# stages and cache keys are compared). Paths under a home and snapshot ids inside values are
+# written as <home> and <snapshot> before comparing.
+VOLATILE = ("run_id", "curate_run", "ingest_run", "mlflow_run_id", "prefect_flow_run_id", "created", "created_at",
+            "started_at", "finished_at", "ingested_at", "seconds", "snapshot", "data_snapshots", "model_id",
+            "judgment_id", "match_id", "summary", "inputs", "outputs")
+SNAPSHOT_ID = r"\d{8}T\d{6}-[0-9a-f]{8}"
+RUN_ID = r"\b[0-9a-f]{32}\b"
+
+
+def _start(home: Path, log: Path) -> subprocess.Popen:
+    """`posttrain run --profile tiny` on ``home``, in a session of its own (as a shell starts it)."""
+    env = {**os.environ, **SMALL_RUN, "POSTTRAIN_HOME": str(home), "COLUMNS": "200"}
+    for name in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "POSTTRAIN_MLFLOW_RUN_ID"):
+        env.pop(name, None)
+    with open(log, "ab") as out:
+        return subprocess.Popen([POSTTRAIN, "run", "--profile", "tiny"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _of_home(home: Path) -> list[psutil.Process]:
+    """Live processes of a run on ``home``: its environment names the home, or its command line
+    does (a stage's launcher, its ranks, the run's temporary Prefect server)."""
+    mine = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
+                continue
+            if (str(home) in " ".join(p.info["cmdline"] or [])
+                    or p.environ().get("POSTTRAIN_HOME") == str(home)):
+                mine.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return mine
+
+
+def _judge_stage(home: Path) -> Path | None:
+    found = sorted((home / "checkpoints").glob("*/judge"))
+    return found[0] if found else None
+
+
+def _judge_past_checkpoint(home: Path, run: subprocess.Popen, after: int = 0) -> int:
+    """Wait until the judge's launcher has saved a checkpoint past step ``after`` and trains on;
+    that step."""
+    from tasks.train import checkpoint
+
+    deadline = time.time() + 900
+    while time.time() < deadline:
+        assert run.poll() is None, f"the run ended ({run.returncode}) before the judge checkpointed"
+        stage = _judge_stage(home)
+        step = checkpoint.latest_step(stage) if stage is not None else None
+        if step is not None and step > after and not checkpoint.is_done(stage):
+            launchers = [p for p in _of_home(home) if "launcher_entry" in " ".join(p.cmdline())]
+            if launchers:
+                return step
+        time.sleep(0.5)
+    raise AssertionError("the judge saved no checkpoint within 900 s")
+
+
+def _gone_within(home: Path, seconds: float) -> list[str]:
+    """The processes of ``home``'s run still alive ``seconds`` from now (empty: all gone)."""
+    deadline = time.time() + seconds
+    while True:
+        left = _of_home(home)
+        if not left or time.time() >= deadline:
+            return [f"{p.pid} {' '.join(p.cmdline())[:200]}" for p in left if p.is_running()]
+        time.sleep(0.5)
+
+
+def _stop_all(home: Path) -> None:
+    for p in _of_home(home):
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _tables(home: Path) -> dict[str, pl.DataFrame]:
+    """Every table's newest snapshot, volatile columns set aside, rows in a canonical order."""
+    from warehouse import Warehouse
+
+    wh = Warehouse(home)
+    out = {}
+    for name in sorted(wh.tables()["name"].unique().to_list()):
+        df = wh.read(name)
+        df = df.drop([c for c in df.columns if c in VOLATILE]).with_columns(
+            pl.col(pl.Utf8).str.replace_all(str(home), "<home>", literal=True)
+            .str.replace_all(SNAPSHOT_ID, "<snapshot>").str.replace_all(RUN_ID, "<run>"))
+        out[name] = df.sort(df.columns, nulls_last=True) if df.columns else df
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    home = tmp_path_factory.mktemp("uninterrupted")
+    log = home.parent / "uninterrupted.log"
+    run = _start(home, log)
+    try:
+        rc = run.wait(timeout=1800)
+    finally:
+        _stop_all(home)
+    assert rc == 0, log.read_text()[-5000:]
+    return home
+
+
+def test_a_killed_run_leaves_nothing_running_and_its_rerun_ends_with_the_uninterrupted_tables(
+        uninterrupted, tmp_path):
+    home, log = tmp_path / "home", tmp_path / "run.log"
+    try:
+        # kill -9 of the run's process group while the judge trains in its own launcher
+        run = _start(home, log)
+        killed_at = _judge_past_checkpoint(home, run)
+        os.killpg(run.pid, signal.SIGKILL)
+        t0 = time.time()
+        left = _gone_within(home, 10)
+        assert not left, f"alive 10 s after the kill -9: {left}"
+        print(f"kill -9 at judge step {killed_at}: every process gone after {time.time() - t0:.1f} s")
+
+        # rerun, stopped with SIGTERM (as `timeout` sends it, to the command alone) once the judge trains again
+        run = _start(home, log)
+        stopped_at = _judge_past_checkpoint(home, run, after=killed_at)
+        t0 = time.time()
+        run.send_signal(signal.SIGTERM)
+        rc = run.wait(timeout=30)
+        left = _gone_within(home, max(0.0, 30 - (time.time() - t0)))
+        took = time.time() - t0
+        assert not left, f"alive 30 s after SIGTERM: {left}"
+        assert rc != 0, "a run stopped by SIGTERM does not report success"
+        print(f"SIGTERM at judge step {stopped_at}: command exited {rc}, every process gone after {took:.1f} s")
+
+        # rerun to the end
+        run = _start(home, log)
+        assert run.wait(timeout=1800) == 0, log.read_text()[-5000:]
+    finally:
+        _stop_all(home)
+    launcher_log = (_judge_stage(home) / "launcher.log").read_text()   # every launcher of the stage appends
+    for step in (killed_at, stopped_at):
+        assert f"judge resumes from its checkpoint at step {step}" in launcher_log, launcher_log[-5000:]
+    steps = [json.loads(line)["step"] for line in (_judge_stage(home) / "steps.jsonl").read_text().splitlines()]
+    assert steps == list(range(int(SMALL_RUN["POSTTRAIN__TRAIN__JUDGE__STEPS"])))
+
+    want, got = _tables(uninterrupted), _tables(home)
+    assert sorted(got) == sorted(want)
+    differ = [name for name in want if not got[name].equals(want[name])]
+    assert not differ, {name: (want[name].height, got[name].height) for name in differ}
