@@ -28,17 +28,12 @@ from tasks.passk import pass_at_k
 from tasks.rollout.base import RolloutBackend, SamplingParams
 from tasks.rollout.factory import resolve_model
 from tasks.scoring import VerifySettings, render_prompt, score_samples
-from tasks.synth.base import normalize_text
+from tasks.synth.base import heldout_seed, normalize_text
 from tasks.synth.registry import get_task, own_task_names
 from warehouse import Warehouse
 
 SYNTHETIC_BENCHMARK = "synthetic_heldout"
 MODELS_TABLE = "models"
-
-
-def heldout_seed(index: int) -> int:
-    """Seed of the ``index``-th held-out instance: negative, so disjoint from training seeds."""
-    return -(1 + index)
 
 
 class SyntheticHeldout(BaseModel):

@@ -11,7 +11,6 @@ import gzip
 import hashlib
 import io
 import json
-import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from data_specs import get_spec, validate_name
 from data_specs.core import DOMAINS, MAX_TEXT_CHARS
+from tasks.text import collapse_text, stable_id
 from warehouse import TableRef, Warehouse
 
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".csv", ".parquet")
@@ -90,20 +90,8 @@ class IngestReport:
 
 
 # -- identity ---------------------------------------------------------------------------
-def normalize_text(text: str) -> str:
-    return " ".join(unicodedata.normalize("NFKC", text).split())
-
-
-def stable_id(*parts: str | None) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update((p or "").encode("utf-8"))
-        h.update(b"\x1f")
-    return h.hexdigest()[:20]
-
-
 def content_hash(prompt: str, answer: str | None) -> str:
-    return hashlib.sha256(f"{normalize_text(prompt)}\x1f{normalize_text(answer or '')}".encode()).hexdigest()
+    return hashlib.sha256(f"{collapse_text(prompt)}\x1f{collapse_text(answer or '')}".encode()).hexdigest()
 
 
 # -- readers: each yields one RawRecord per input row, good or bad ----------------------
@@ -312,7 +300,7 @@ def record_to_prompt(rec: RawRecord, source: str, domain: str | None, mapping: d
         raise RowError("metadata", f"wrong_type: expected object, got {type(meta).__name__}")
     row["metadata"] = json.dumps({**extra, **(meta or {})}, default=str, sort_keys=True)
     row["source"] = source
-    row["id"] = stable_id(source, normalize_text(row["prompt"]), normalize_text(row["answer"] or ""))
+    row["id"] = stable_id(source, collapse_text(row["prompt"]), collapse_text(row["answer"] or ""))
     row["content_hash"] = content_hash(row["prompt"], row["answer"])
     row["file"], row["line"], row["ingest_run"] = rec.file, rec.line, run_id
     return row

@@ -9,6 +9,7 @@ the hashes are stored in the warehouse and reused by later runs.
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 
 import polars as pl
 
@@ -37,3 +38,18 @@ def hash_fraction(key: str, seed: int) -> float:
     """Deterministic value in [0, 1) from a key: the same cluster always lands the same way."""
     digest = hashlib.sha256(f"{seed}\x1f{key}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def collapse_text(text: str) -> str:
+    """Unicode NFKC with whitespace runs collapsed to one space (case and punctuation kept): the
+    form ingest keys rows on, so a re-ingested file with other line breaks dedups to its rows."""
+    return " ".join(unicodedata.normalize("NFKC", text).split())
+
+
+def stable_id(*parts: str | None) -> str:
+    """A row id stable across runs and machines: sha256 of the parts (None as empty), 20 hex."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update((p or "").encode("utf-8"))
+        h.update(b"\x1f")
+    return h.hexdigest()[:20]

@@ -17,7 +17,6 @@ from tasks.evaluate import (
     benchmark_items,
     choose_model,
     evaluate_items,
-    heldout_seed,
     heldout_synthetic_items,
     summarize,
     training_instance_ids,
@@ -25,6 +24,7 @@ from tasks.evaluate import (
 from tasks.ingest import RawRecord, store_records
 from tasks.rollout.base import Completion, SamplingParams
 from tasks.rollout.tiny_model import tiny_llama_path
+from tasks.synth.base import heldout_seed
 from tasks.synth.registry import get_task
 from warehouse import Warehouse
 

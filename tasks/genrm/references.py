@@ -23,11 +23,11 @@ from tasks.genrm.consistency import JudgeSample, PairDecision
 from tasks.genrm.judge import Constraints, GenRMJudge, PairRequest, constraints_from_metadata
 from tasks.genrm.models import resolve_rollout
 from tasks.genrm.swiss import Pairing, Standing, SwissTournament, buchholz
-from tasks.ingest import normalize_text, stable_id
 from tasks.rollout.base import RolloutBackend
 from tasks.rollout.chat import render_prompt
 from tasks.rollout.config import RolloutConfig
 from tasks.rollout.factory import engine_key, make_backend
+from tasks.text import collapse_text, stable_id
 from warehouse import TableRef, Warehouse
 
 log = logging.getLogger("posttrain.references")
@@ -132,7 +132,7 @@ def _user_prompt(item: str | dict, report: ReferencesReport) -> OpenPrompt:
         raise ValueError(f"user prompt {str(item)[:80]!r} has no non-empty 'prompt' text")
     if "constraints" in row and "metadata" not in row:
         row["metadata"] = json.dumps({"constraints": row.pop("constraints")})
-    row.setdefault("id", stable_id(USER_TABLE, normalize_text(row["prompt"])))
+    row.setdefault("id", stable_id(USER_TABLE, collapse_text(row["prompt"])))
     row.setdefault("domain", "general")
     return _row_prompt(row, USER_TABLE, report)
 
@@ -205,7 +205,7 @@ def gather_candidates(prompts: list[OpenPrompt], sources: list[CandidateSource],
         seen: set[str] = set()
         kept = []
         for c in cands:
-            key = normalize_text(c.text)
+            key = collapse_text(c.text)
             if not key:
                 report.empty_candidates += 1
             elif key in seen:

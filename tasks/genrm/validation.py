@@ -32,10 +32,11 @@ from tasks.genrm.config import ReferencesConfig
 from tasks.genrm.consistency import BACKWARD
 from tasks.genrm.judge import GenRMJudge, GradeRequest, PairRequest
 from tasks.genrm.references import judgment_rows
-from tasks.ingest import RawRecord, expand_paths, read_records, stable_id
+from tasks.ingest import RawRecord, expand_paths, read_records
 from tasks.passk import pass_at_k
 from tasks.rollout.base import RolloutBackend
 from tasks.rollout.chat import render_prompt
+from tasks.text import stable_id
 from tasks.verify.math import MathVerifyTimeout, math_equal
 from tasks.verify.registry import verify_with_error
 from warehouse import TableRef, Warehouse
@@ -105,12 +106,12 @@ def synthetic_benchmark_items(tasks: Sequence[str], per_task: int, levels: Seque
     - grade: the gold (label 1) or a rejected perturbation (label 0) against the ground
       truth, alternating.
 
-    Instances come from the reserved negative seed range (``tasks.evaluate.heldout_seed``)
+    Instances come from the reserved negative seed range (``tasks.synth.base.heldout_seed``)
     and any instance whose id is a training instance is skipped, so the judge is measured
     on items it never trained on. Labels are balanced within a task and kind: a judge that
     always answers one position or one grade scores exactly chance.
     """
-    from tasks.evaluate import heldout_seed
+    from tasks.synth.base import heldout_seed
     from tasks.synth.registry import get_task
 
     items = []

@@ -128,6 +128,12 @@ def format_grid(grid: list[list[Any]], blank: Any = None, blank_text: str = "_")
     return "\n".join(" ".join(blank_text if v == blank else str(v) for v in row) for row in grid)
 
 
+def heldout_seed(index: int) -> int:
+    """Seed of the ``index``-th held-out instance: negative, so disjoint from training seeds
+    (evaluate's synthetic benchmark and the judge's held-out items draw from it)."""
+    return -(1 + index)
+
+
 def normalize_text(text: str) -> str:
     return " ".join(text.strip().lower().split())
 
