@@ -13,7 +13,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from test_audit_gate import TWO_STEPS, _seed
+from test_audit import seed_curated
+from test_audit_gate import TWO_STEPS
 
 from warehouse import Warehouse, WarehouseError
 
@@ -34,7 +35,7 @@ def test_a_stage_run_in_a_copied_home_leaves_the_original_byte_identical(tmp_pat
         monkeypatch.setenv(key, value)
     original, copy = tmp_path / "original", tmp_path / "copy"
     monkeypatch.setenv("POSTTRAIN_HOME", str(original))
-    _seed(Warehouse(original))
+    seed_curated(Warehouse(original), per_task=8)
     first = train_flow(profile="tiny", home=str(original), stages=["sft_short"])
     assert first["stages"]["sft_short"]["path"].startswith(str(original))
 
