@@ -31,6 +31,7 @@ from tasks.evaluate import (
 from tasks.rollout.base import RolloutBackend
 from tasks.rollout.config import RolloutConfig
 from tasks.rollout.factory import make_backend
+from warehouse import TableRef
 
 
 # The backend holds a loaded model: not an input Prefect can hash, so no caching. All
@@ -50,23 +51,26 @@ def _backend_for(rollout: RolloutConfig, model: ModelChoice) -> RolloutBackend:
     return make_backend(rollout.model_copy(update={"model": model.path}))
 
 
-def _models_to_evaluate(wh, cfg: EvaluateConfig, model: str | None, accept_failed_audit: bool) -> list[ModelChoice]:
+def _models_to_evaluate(wh, cfg: EvaluateConfig, model: str | None, accept_failed_audit: bool,
+                        sources: dict[str, TableRef] | None) -> list[ModelChoice]:
     """The named model, else the newest run's stage ladder (base -> ... -> rl)."""
     if model or not cfg.stages:
-        return [choose_model(wh, model, accept_failed_audit)]
-    return stage_ladder(wh, cfg.stages, accept_failed_audit)
+        return [choose_model(wh, model, accept_failed_audit, sources)]
+    return stage_ladder(wh, cfg.stages, accept_failed_audit, sources)
 
 
 @flow(name="evaluate", log_prints=True, flow_run_name="evaluate")
 def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | None = None,
                   benchmarks: list[str] | None = None, max_items: int | None = None,
-                  accept_failed_audit: bool = False) -> dict:
+                  accept_failed_audit: bool = False, sources: dict[str, TableRef] | None = None) -> dict:
     """pass@k at the profile's temperature / top-p (M1: 1.0 / 0.95) into ``eval_results``.
 
     ``model``: an alias or checkpoint path; by default every model of the newest training
     run's stage ladder (``evaluate.stages``), so the table shows what each stage did.
     ``benchmarks`` and ``max_items`` override the profile's evaluate section. A registered
     model whose training-data audit failed is refused unless ``accept_failed_audit``.
+    ``sources``: the snapshots to read (the pipeline hands over what its stages wrote: the
+    ``models`` rows of this run, the benchmarks and training tables); else each table's newest.
     """
     log = flow_logger()
     report_progress("evaluate", "start")
@@ -78,20 +82,20 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
                                              **overrides})
         rollout = ctx.profile.section("rollout", RolloutConfig)
         wh = ctx.wh
-        chosen = _models_to_evaluate(wh, cfg, model, accept_failed_audit)
+        chosen = _models_to_evaluate(wh, cfg, model, accept_failed_audit, sources)
         final = chosen[-1]
         tracking.set_tags({"posttrain.model": final.model_id, "posttrain.model_path": final.path,
                            "posttrain.model_source": final.source,
                            "posttrain.stages": ",".join(c.stage or "-" for c in chosen)})
-        for name in ("benchmarks", "synthetic_tasks", "models"):
-            ref = wh.latest(name)
-            if ref is not None:
-                tracking.log_table(ref, context="input")
+        read = {name: ref for name in ("benchmarks", "synthetic_tasks", "models")
+                if (ref := wh.pinned(name, sources)) is not None}
+        for ref in read.values():
+            tracking.log_table(ref, context="input")
 
-        items = benchmark_items(wh, cfg)
+        items = benchmark_items(wh, cfg, sources)
         heldout = None
         if cfg.synthetic is not None:
-            heldout = heldout_synthetic_items(cfg.synthetic, training_instance_ids(wh))
+            heldout = heldout_synthetic_items(cfg.synthetic, training_instance_ids(wh, sources))
             items += heldout.items
             tracking.log_counters({"items": len(heldout.items),
                                    "skipped_seen_in_training": heldout.skipped_seen_in_training,
@@ -116,7 +120,7 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
                 metrics.update(pass_at_k_metrics(summary, choice.stage))
         summary = pl.concat(summaries, how="diagonal_relaxed")
         final_summary = summaries[-1]
-        parents = [r for r in (wh.latest("benchmarks"), wh.latest("models")) if r is not None]
+        parents = [read[name] for name in ("benchmarks", "models") if name in read]
         refs = {
             "eval_results": wh.append("eval_results", summary, parents=parents),
             "eval_items": wh.append("eval_items", pl.concat(per_item, how="diagonal_relaxed"),

@@ -149,12 +149,12 @@ _WORK_STAGES = (
           sections=("difficulty", "rollout"),
           after=("curate", "synthesize", train_stage("rl").follows)),
 )
-_EVALUATE = Stage("evaluate", lambda profile, home, refs: evaluate_flow(profile=profile, home=home),
+_EVALUATE = Stage("evaluate", lambda profile, home, refs: evaluate_flow(profile=profile, home=home, sources=refs),
                   sections=("evaluate", "rollout"), after=(final_policy_stage(),))
 _BEFORE_AUDIT = [*_WORK_STAGES, *(_train_stage(ts) for ts in TRAIN_STAGES), _EVALUATE]
 # last, after every other stage (the judge and references may finish after RL), never cached:
 # a run whose training data broke a rule fails here
-_AUDIT = Stage("audit", lambda profile, home, refs: audit_flow(profile=profile, home=home),
+_AUDIT = Stage("audit", lambda profile, home, refs: audit_flow(profile=profile, home=home, sources=refs),
                cached=False, after=tuple(s.name for s in _BEFORE_AUDIT))
 
 

@@ -28,6 +28,7 @@ fail an earlier, correct model; a source its lineage does not name is read at it
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -101,8 +102,10 @@ class AuditFailed(RuntimeError):
         super().__init__(f"training-data audit failed with {report.violations} violation(s):\n{report.describe()}")
 
 
-def _latest(wh: Warehouse, name: str, snapshots: dict[str, str]) -> pl.DataFrame:
-    ref = wh.latest(name)
+def _latest(wh: Warehouse, name: str, snapshots: dict[str, str],
+            sources: Mapping[str, TableRef] | None = None) -> pl.DataFrame:
+    """``name`` at the snapshot handed over in ``sources``, else its newest (recorded in ``snapshots``)."""
+    ref = wh.pinned(name, sources)
     if ref is None:
         return pl.DataFrame()
     snapshots[name] = str(ref)
@@ -144,12 +147,15 @@ def _add_snapshot(wh: Warehouse, out: dict[str, list[TableRef]], ref: TableRef, 
         out[ref.name].append(TableRef(ref.name, ref.snapshot))
 
 
-def _audited_snapshots(wh: Warehouse) -> tuple[dict[str, list[TableRef]], AuditCheck]:
+def _audited_snapshots(wh: Warehouse, sources: Mapping[str, TableRef] | None = None
+                       ) -> tuple[dict[str, list[TableRef]], AuditCheck]:
     """Training table -> the snapshots to audit (what the newest model of each stage trained on,
-    then the table's newest), and the check that they exist."""
+    then the table's newest: both as of the snapshots handed over in ``sources``), and the check
+    that they exist."""
     check = AuditCheck("training_snapshots")
     out: dict[str, list[TableRef]] = {name: [] for name in SIDE_OF_TABLE}
-    models = wh.read("models") if wh.exists("models") else pl.DataFrame()
+    models_ref = wh.pinned("models", sources)
+    models = wh.read_ref(models_ref) if models_ref is not None else pl.DataFrame()
     if not models.is_empty():
         for row in models.group_by("stage", maintain_order=True).last().iter_rows(named=True):
             for text in json.loads(row["data_snapshots"] or "[]"):
@@ -157,7 +163,7 @@ def _audited_snapshots(wh: Warehouse) -> tuple[dict[str, list[TableRef]], AuditC
                 _add_snapshot(wh, out, ref, check,
                               f"model {row['model_id']} trained on {ref}, which this warehouse no longer holds")
     for name, refs in out.items():
-        latest = wh.latest(name)
+        latest = wh.pinned(name, sources)
         if latest is not None and all(r.snapshot != latest.snapshot for r in refs):
             refs.append(TableRef(name, latest.snapshot))
             check.checked += 1
@@ -382,13 +388,15 @@ def _check_sampled_targets(sft: pl.DataFrame, dpo: pl.DataFrame, teacher: pl.Dat
 
 
 def run_audit(wh: Warehouse, scope: dict[str, list[TableRef]] | None = None,
-              require_difficulty: bool = True) -> AuditReport:
+              require_difficulty: bool = True, sources: Mapping[str, TableRef] | None = None) -> AuditReport:
     """Every check over what the models trained on and the newest training tables (or, with
     ``scope``, over exactly those snapshots: what one model saw, ``model_scope``), each against the
     snapshots it was built from; nothing is written. ``require_difficulty``: the training config's
-    ``data.rl_requires_difficulty`` (off: RL prompts no difficulty run decided may train)."""
+    ``data.rl_requires_difficulty`` (off: RL prompts no difficulty run decided may train).
+    ``sources``: the snapshots handed over (the pipeline's stages' outputs) to read instead of
+    each table's newest: the models, training tables, benchmarks and decisions."""
     snapshots: dict[str, str] = {}
-    audited, present = _audited_snapshots(wh) if scope is None else _scoped_snapshots(wh, scope)
+    audited, present = _audited_snapshots(wh, sources) if scope is None else _scoped_snapshots(wh, scope)
     # each audited snapshot's rows and lineage, read once
     frames = {ref: wh.read_ref(ref) for refs in audited.values() for ref in refs}
     built_from = {ref: wh.parents(ref.name, ref.snapshot) for ref in frames}
@@ -405,7 +413,8 @@ def run_audit(wh: Warehouse, scope: dict[str, list[TableRef]] | None = None,
     checks = [present]
     checks += [_check_side(name, df, prompts[name], index) for name, df in tables.items()]
     checks += _check_both_sides(rows, index, pools, synthetic)
-    checks.append(_check_benchmarks(rows, _latest(wh, "benchmarks", snapshots), _latest(wh, "decisions", snapshots)))
+    checks.append(_check_benchmarks(rows, _latest(wh, "benchmarks", snapshots, sources),
+                                     _latest(wh, "decisions", snapshots, sources)))
     checks.append(_check_rl_difficulty(wh, {r: frames[r] for r in audited["rl_prompts"]}, built_from, snapshots,
                                        require_difficulty))
     checks.append(_check_sampled_targets(tables["sft_data"], tables["dpo_pairs"],

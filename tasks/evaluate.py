@@ -14,6 +14,7 @@ skipped as well, and counted.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,7 +31,7 @@ from tasks.rollout.factory import resolve_model
 from tasks.scoring import VerifySettings, render_prompt, score_samples
 from tasks.synth.base import heldout_seed, normalize_text
 from tasks.synth.registry import get_task, own_task_names
-from warehouse import Warehouse
+from warehouse import TableRef, Warehouse
 
 SYNTHETIC_BENCHMARK = "synthetic_heldout"
 MODELS_TABLE = "models"
@@ -96,16 +97,18 @@ class ModelChoice:
     stage: str | None = None
 
 
-def choose_model(wh: Warehouse, model: str | None = None, accept_failed_audit: bool = False) -> ModelChoice:
-    """The explicit ``model`` (alias or path) or else the newest row of the ``models`` table; a
-    registered model whose training-data audit failed is refused unless accepted."""
+def choose_model(wh: Warehouse, model: str | None = None, accept_failed_audit: bool = False,
+                 sources: Mapping[str, TableRef] | None = None) -> ModelChoice:
+    """The explicit ``model`` (alias or path) or else the newest row of the ``models`` table (at
+    the snapshot handed over in ``sources``); a registered model whose training-data audit failed
+    is refused unless accepted."""
     if model:
         path = str(resolve_model(model))
         row = audited_row(wh, path)
         if row is not None:
             refuse_failed_audit(row, accept_failed_audit)
         return ModelChoice(model_id=model, path=path, source="argument")
-    models = read_models(wh)
+    models = read_models(wh, sources)
     if models.is_empty():
         raise LookupError(
             f"no model to evaluate: the {MODELS_TABLE!r} table in {wh.home} is empty or missing and no "
@@ -121,11 +124,13 @@ def choose_model(wh: Warehouse, model: str | None = None, accept_failed_audit: b
     return ModelChoice(model_id=str(row["model_id"]), path=str(row["path"]), source="models table")
 
 
-def stage_ladder(wh: Warehouse, stages: list[str], accept_failed_audit: bool = False) -> list[ModelChoice]:
-    """The newest training run's model after each of ``stages`` (those it has), in order; a model
-    whose training-data audit failed is refused unless accepted."""
-    newest = choose_model(wh, accept_failed_audit=accept_failed_audit)
-    models = read_models(wh)
+def stage_ladder(wh: Warehouse, stages: list[str], accept_failed_audit: bool = False,
+                 sources: Mapping[str, TableRef] | None = None) -> list[ModelChoice]:
+    """The newest training run's model after each of ``stages`` (those it has), in order, from the
+    ``models`` snapshot handed over in ``sources`` (else the newest); a model whose training-data
+    audit failed is refused unless accepted."""
+    newest = choose_model(wh, accept_failed_audit=accept_failed_audit, sources=sources)
+    models = read_models(wh, sources)
     run = models.filter(pl.col("model_id") == newest.model_id)["run_name"][-1]
     rows = models.filter(pl.col("run_name") == run)
     out = []
@@ -155,13 +160,16 @@ class EvalItem:
     row: dict   # what the verifier reads: prompt, answer / tests, entry_point, metadata
 
 
-def benchmark_items(wh: Warehouse, cfg: EvaluateConfig) -> list[EvalItem]:
-    """``max_items`` items of each configured benchmark, a seeded sample in item_id order."""
+def benchmark_items(wh: Warehouse, cfg: EvaluateConfig, sources: Mapping[str, TableRef] | None = None
+                    ) -> list[EvalItem]:
+    """``max_items`` items of each configured benchmark (from the ``benchmarks`` snapshot handed
+    over in ``sources``, else the newest), a seeded sample in item_id order."""
     if not cfg.benchmarks:
         return []
-    if not wh.exists("benchmarks"):
+    ref = wh.pinned("benchmarks", sources)
+    if ref is None:
         raise LookupError(f"no `benchmarks` table in {wh.home}: run `posttrain ingest --bundled` first")
-    table = wh.read("benchmarks")
+    table = wh.read_ref(ref)
     available = sorted(table.get_column("benchmark").unique().to_list())
     items: list[EvalItem] = []
     for name in cfg.benchmarks:
@@ -187,19 +195,20 @@ def question_key(text: str) -> str:
     return QUESTION_KEY + normalize_text(text)
 
 
-def training_instance_ids(wh: Warehouse) -> set[str]:
+def training_instance_ids(wh: Warehouse, sources: Mapping[str, TableRef] | None = None) -> set[str]:
     """What a held-out item must not be: a synthetic instance id, or the question text of any
     prompt that could train (a pool row or an ingested prompt holding the same generator's
-    question: reasoning-gym's easiest levels draw from a few hundred distinct questions)."""
+    question: reasoning-gym's easiest levels draw from a few hundred distinct questions). Each
+    table at the snapshot handed over in ``sources``, else its newest."""
     out: set[str] = set()
-    if wh.exists("synthetic_tasks"):
-        synth = wh.read("synthetic_tasks")
+    if (ref := wh.pinned("synthetic_tasks", sources)) is not None:
+        synth = wh.read_ref(ref)
         out |= set(synth.get_column("id").to_list())
         if "question" in synth.columns:
             out |= {question_key(q) for q in synth.get_column("question").to_list() if q}
     for table in ("prompts", "sft_pool", "rl_pool"):
-        if wh.exists(table):
-            out |= {question_key(p) for p in wh.read(table).get_column("prompt").to_list() if p}
+        if (ref := wh.pinned(table, sources)) is not None:
+            out |= {question_key(p) for p in wh.read_ref(ref).get_column("prompt").to_list() if p}
     return out
 
 

@@ -4,17 +4,21 @@ model whose training-data audit failed. Below the stages that name models (train
 the GenRM judge, the audit), so none of them reaches into another."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import polars as pl
 
 from data_specs.stages import earlier_stages, stages_of
-from warehouse import Warehouse
+from warehouse import TableRef, Warehouse
 
 
-def read_models(wh: Warehouse) -> pl.DataFrame:
-    """The ``models`` table (empty if none) with its checkpoint paths (``path``, ``init_model``)
-    as paths in this home: in a copied home, rows written before the copy name the original's
-    directories, and a copy must never train or evaluate from (or write into) those."""
-    models = wh.read("models", default_empty=True)
+def read_models(wh: Warehouse, sources: Mapping[str, TableRef] | None = None) -> pl.DataFrame:
+    """The ``models`` table (empty if none), at the snapshot handed over in ``sources`` (else its
+    newest), with its checkpoint paths (``path``, ``init_model``) as paths in this home: in a
+    copied home, rows written before the copy name the original's directories, and a copy must
+    never train or evaluate from (or write into) those."""
+    ref = wh.pinned("models", sources)
+    models = wh.read_ref(ref) if ref is not None else wh.read("models", default_empty=True)
     if models.is_empty() or not wh.former_homes:
         return models
     return models.with_columns(pl.col(c).map_elements(wh.local_path, return_dtype=pl.Utf8)

@@ -226,6 +226,25 @@ def test_audit_fails_on_a_planted_contaminated_row(built):
     assert any(removed[0] in o and "decontamination" in o for o in _failed(report, "no_benchmark_item"))
 
 
+def test_the_audit_reads_the_snapshots_handed_over_not_the_newest(built):
+    """The pipeline hands the audit what its stages wrote (#34 item 3): a training table written
+    after (a later run, a hand edit) is not what this run trained on, so it neither fails nor
+    passes this run's audit; without a hand-over the newest is audited."""
+    wh, *_ = built
+    clean = wh.latest("sft_data")
+    sft = wh.read("sft_data")
+    planted = sft.head(1).with_columns(pl.lit("contaminated").alias("example_id"), pl.lit(BENCH["prompt"]).alias("prompt"))
+    wh.write("sft_data", pl.concat([sft, planted]))
+    try:
+        handed = {"sft_data": clean, "benchmarks": wh.latest("benchmarks")}
+        report = run_audit(wh, sources=handed)
+        assert report.passed, report.describe()
+        assert report.snapshots["sft_data"] == str(clean)
+        assert not run_audit(wh).passed
+    finally:
+        wh.write("sft_data", sft)
+
+
 def test_audit_flow_fails_the_run_and_the_cli_prints_offending_ids(built, monkeypatch, tmp_path):
     from typer.testing import CliRunner
 

@@ -216,9 +216,14 @@ def test_stage_ladder_is_the_newest_runs_models_from_base_to_rl(tmp_path, tiny_m
     base.mkdir()
     row = {"run_name": "old", "path": str(tiny_model), "init_model": str(base), "profile": "tiny", "steps": 2,
            "data_snapshots": "[]", "config_hash": "x"}
+    handed = {}
     for run in ("old", "new"):
         for stage in ("sft_short", "sft_long", "dpo_short", "dpo_long", "rl"):
             wh.append("models", pl.DataFrame([{**row, "run_name": run, "model_id": f"{run}/{stage}", "stage": stage}]))
+        handed[run] = {"models": wh.latest("models")}
+    # the pipeline hands evaluate the models snapshot its own run wrote: a run that registered
+    # models since (here "new", as if started beside it) is not what this run evaluates
+    assert [c.model_id for c in stage_ladder(wh, ["base", "rl"], sources=handed["old"])] == ["old/base", "old/rl"]
     ladder = stage_ladder(wh, ["base", "sft_long", "dpo_long", "rl"])
     assert [(c.stage, c.model_id) for c in ladder] == [
         ("base", "new/base"), ("sft_long", "new/sft_long"), ("dpo_long", "new/dpo_long"), ("rl", "new/rl")]
