@@ -15,8 +15,7 @@ import torch
 
 from model.config import IGNORE_INDEX
 
-# the logger kept its name from when this lived in model.losses (log filters and tests use it)
-log = logging.getLogger("posttrain.losses")
+log = logging.getLogger("posttrain.logprobs")
 
 # --------------------------------------------------------------------------- log-probs
 

@@ -155,7 +155,7 @@ def test_sliding_window_model_reencodes_and_says_why_once(caplog):
                                               pad_token_id=0, sliding_window=4)).train()
     tensors, prompt_lengths = group_batch()
     rows = list(range(len(prompt_lengths)))
-    with caplog.at_level(logging.WARNING, logger="posttrain.losses"):
+    with caplog.at_level(logging.WARNING, logger="posttrain.logprobs"):
         for _ in range(2):
             (logp, _, _), shared = both_ways(policy, tensors, rows)
             assert shared.tokens_saved == 0
