@@ -30,8 +30,9 @@ import numpy as np
 from tasks import sources
 from tasks.curate import CurateConfig, run_curate
 from tasks.curate.semantic import encode, load_model
-from tasks.ingest import RawRecord, store_records
+from tasks.ingest import store_records
 from tasks.profile import load_profile
+from tasks.records import RawRecord
 from warehouse import Warehouse
 
 REASONING_GYM_TASKS = ["basic_arithmetic", "chain_sum", "leg_counting", "word_sorting", "letter_counting",

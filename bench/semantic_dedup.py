@@ -24,7 +24,8 @@ from tasks.curate.config import CurateConfig, DecontamConfig, SemanticConfig
 from tasks.curate.parallel import LocalMapper
 from tasks.curate.pipeline import CurationState, curate_blocks
 from tasks.curate.semantic import encode, load_model
-from tasks.ingest import RawRecord, store_records
+from tasks.ingest import store_records
+from tasks.records import RawRecord
 from warehouse import Warehouse
 
 SUBJECTS = ["train", "farmer", "river", "library", "robot", "garden", "bakery", "comet", "violin", "harbor"]

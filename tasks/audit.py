@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from data_specs.curation import POOL_TABLES
-from tasks.difficulty import latest_decisions
+from tasks.genrm.config import JUDGE_DOMAIN
 from tasks.model_registry import read_models
+from tasks.scoring import latest_decisions
 from tasks.text import normalize_texts, text_hash
-from tasks.train.judge_data import JUDGE_DOMAIN
 from warehouse import TableRef, Warehouse
 
 MAX_LISTED = 20

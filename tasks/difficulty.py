@@ -209,17 +209,6 @@ def run_difficulty(
     return refs
 
 
-def latest_decisions(difficulty: pl.DataFrame) -> dict[str, str]:
-    """prompt_id -> the decision of the newest run that scored it.
-
-    ``difficulty`` is append-only: a prompt kept long ago and rejected since is rejected.
-    """
-    if difficulty.is_empty():
-        return {}
-    latest = difficulty.unique("prompt_id", keep="last")   # keep="last": the newest appended row
-    return dict(zip(latest["prompt_id"].to_list(), latest["decision"].to_list()))
-
-
 def kept_prompt_ids(wh: Warehouse, run_id: str | None = None) -> pl.DataFrame:
     """Prompts the latest (or given) difficulty run kept: what the next stages consume."""
     df = wh.read("difficulty")
@@ -233,7 +222,6 @@ __all__ = [
     "DifficultyConfig",
     "DifficultySampling",
     "kept_prompt_ids",
-    "latest_decisions",
     "pass_rate_histogram",
     "run_difficulty",
 ]

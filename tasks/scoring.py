@@ -1,12 +1,14 @@
 """Sampling and scoring shared by the stages that sample a model on prompts (difficulty,
 samples, evaluate): the sampling and verification settings, the prompt as training renders it,
-verifying completions into rewards, and the ``rollouts`` rows they become. Below those stages,
+verifying completions into rewards, the ``rollouts`` rows they become, and the decision the
+newest difficulty run made on each prompt (``latest_decisions``). Below those stages,
 so none of them borrows from another."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.rollout.base import Completion, RolloutBackend, SamplingParams
@@ -110,3 +112,14 @@ def rollout_rows(pid, table, domain, samples, params, backend, run_id) -> list[d
             "run_id": run_id,
         })
     return rows
+
+
+def latest_decisions(difficulty: pl.DataFrame) -> dict[str, str]:
+    """prompt_id -> the decision of the newest run that scored it.
+
+    ``difficulty`` is append-only: a prompt kept long ago and rejected since is rejected.
+    """
+    if difficulty.is_empty():
+        return {}
+    latest = difficulty.unique("prompt_id", keep="last")   # keep="last": the newest appended row
+    return dict(zip(latest["prompt_id"].to_list(), latest["decision"].to_list()))

@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from tasks.ingest import RawRecord
+from tasks.records import RawRecord
 
 MMATH_BENCHMARKS = {"AIME2024": "aime2024", "AIME2025": "aime2025", "MATH500": "math500", "CNMO": "cnmo"}
 

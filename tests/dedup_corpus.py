@@ -202,7 +202,8 @@ def _pass_filters(docs: list[tuple[str, str]]) -> list[bool]:
 # -- measuring ----------------------------------------------------------------------------
 def add_members(wh, members: list[Member]) -> None:
     """Ingest the members in their order (one ingest call per run of one source)."""
-    from tasks.ingest import RawRecord, store_records
+    from tasks.ingest import store_records
+    from tasks.records import RawRecord
     start = 0
     for end in range(1, len(members) + 1):
         if end == len(members) or members[end].source != members[start].source:

@@ -17,7 +17,8 @@ from data_specs import get_spec
 from tasks.audit import AuditFailed, run_audit
 from tasks.curate.config import CurateConfig, SemanticConfig
 from tasks.curate.pipeline import run_curate
-from tasks.ingest import RawRecord, store_records
+from tasks.ingest import store_records
+from tasks.records import RawRecord
 from tasks.synth.config import SyntheticSplitConfig
 from tasks.synthesize import generate_task_instances
 from tasks.train.config import TrainConfig

@@ -20,7 +20,8 @@ from tasks.curate.config import CurateConfig, DecontamConfig, MinHashConfig, Sem
 from tasks.curate.filters import answer_parses
 from tasks.curate.parallel import LocalMapper
 from tasks.curate.pipeline import CurationState, curate_blocks, run_curate
-from tasks.ingest import RawRecord, store_records
+from tasks.ingest import store_records
+from tasks.records import RawRecord
 
 BASE = ("A shop sells notebooks for 3 dollars each and pens for 2 dollars each. On Monday the shop sold 40 "
         "items and collected 100 dollars in total from those sales. How many notebooks did it sell on Monday?")

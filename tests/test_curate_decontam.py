@@ -7,7 +7,8 @@ import pytest
 from tasks.curate.config import CurateConfig, DecontamConfig, SemanticConfig
 from tasks.curate.decontaminate import benchmark_grams, ngram_contamination, ngram_overlaps
 from tasks.curate.pipeline import run_curate
-from tasks.ingest import RawRecord, store_records
+from tasks.ingest import store_records
+from tasks.records import RawRecord
 from tasks.text import normalize_texts
 
 LONG_ITEM = ("Let p be the probability that in the process of repeatedly flipping a fair coin one will encounter "

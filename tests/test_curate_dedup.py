@@ -18,7 +18,8 @@ from tasks.curate.minhash import (
 from tasks.curate.normalize import tokenize
 from tasks.curate.pipeline import run_curate
 from tasks.curate.semantic import neighbours_above
-from tasks.ingest import RawRecord, store_records
+from tasks.ingest import store_records
+from tasks.records import RawRecord
 from tasks.text import normalize_texts
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega", "apple", "river", "stone", "cloud", "maple", "ember", "frost", "harbor", "island", "jungle"]

@@ -9,7 +9,8 @@ from flows.curate import curate_flow
 from tasks import tracking
 from tasks.curate.config import SemanticConfig
 from tasks.curate.semantic import load_model
-from tasks.ingest import RawRecord, store_records
+from tasks.ingest import store_records
+from tasks.records import RawRecord
 from warehouse import Warehouse
 
 TEMPLATE = "A bag holds {n} red marbles and {m} blue marbles; how many ways can we draw {k} marbles of one colour"

@@ -15,7 +15,8 @@ from dedup_corpus import add_members, measure, planted_corpus
 from tasks.curate import keep_rule as kr
 from tasks.curate.config import CurateConfig, MinHashConfig, SemanticConfig
 from tasks.curate.pipeline import run_curate
-from tasks.ingest import RawRecord, store_records
+from tasks.ingest import store_records
+from tasks.records import RawRecord
 from warehouse import Warehouse
 
 DOCS = [   # (prompt, answer): word problems of a few sentences each

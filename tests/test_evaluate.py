@@ -21,7 +21,8 @@ from tasks.evaluate import (
     summarize,
     training_instance_ids,
 )
-from tasks.ingest import RawRecord, store_records
+from tasks.ingest import store_records
+from tasks.records import RawRecord
 from tasks.rollout.base import Completion, SamplingParams
 from tasks.rollout.tiny_model import tiny_llama_path
 from tasks.synth.base import heldout_seed

@@ -2,7 +2,8 @@
 
 flows -> tasks -> model -> kernels; ``data_specs`` and ``kernels`` import nothing of ours,
 ``warehouse`` only ``data_specs``, and no layer below ``flows`` (``tasks`` included) imports Prefect (the
-orchestrator stays on the top floor). No cycle among module-level imports.
+orchestrator stays on the top floor). No cycle among module-level imports. In ``tasks/`` no stage
+imports another stage, and the pieces they share import no stage.
 """
 from __future__ import annotations
 
@@ -80,3 +81,27 @@ def test_no_cycle_among_module_level_imports():
         if m not in state:
             visit(m, [m])
     assert not cycles, "\n".join(cycles)
+
+
+# the pipeline's stages in tasks/ (a module or a package each); everything else in tasks/ is a
+# shared piece below them (the judge, the task families, verifiers, rollouts, scoring, text ...)
+STAGE_MODULES = ("tasks.ingest", "tasks.curate", "tasks.synthesize", "tasks.samples", "tasks.difficulty",
+                 "tasks.evaluate", "tasks.audit", "tasks.train")
+
+
+def _stage_of(module: str) -> str | None:
+    return next((s for s in STAGE_MODULES if module == s or module.startswith(s + ".")), None)
+
+
+def test_no_stage_imports_another_stage_and_no_shared_piece_imports_a_stage():
+    wrong = []
+    for package, path, tree in _sources():
+        if package != "tasks":
+            continue
+        me = _stage_of(_module(path))
+        for line, name in _imports(tree, top_level_only=False):
+            other = _stage_of(name)
+            if other is not None and other != me:
+                what = f"stage {me}" if me else "a shared piece"
+                wrong.append(f"{path.relative_to(ROOT)}:{line} ({what}) imports {name} (stage {other})")
+    assert not wrong, "\n".join(sorted(set(wrong)))

@@ -4,7 +4,8 @@ import polars as pl
 import pytest
 
 from tasks.genrm.judge import constraints_from_metadata
-from tasks.ingest import ingest_files, read_records, store_records
+from tasks.ingest import ingest_files, store_records
+from tasks.records import read_records
 from tasks.sources import (
     champ_records,
     humaneval_records,

@@ -7,13 +7,14 @@ import polars as pl
 import pytest
 import torch
 
+from tasks.genrm.config import JUDGE_DOMAIN
 from tasks.genrm.parse import parse_grade, parse_pairwise
 from tasks.genrm.prompts import grade_prompt, pairwise_prompt
 from tasks.genrm.synthetic import answer_text, judge_pair, verdict_text
 from tasks.synth.registry import get_task
 from tasks.synthesize import generate_task_instances
 from tasks.train.config import TrainConfig
-from tasks.train.judge_data import JUDGE_DOMAIN, judge_sft_rows
+from tasks.train.judge_data import judge_sft_rows
 
 TASKS = ["web_of_lies", "object_properties", "object_counting"]
 

@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from tasks.audit import _check_sampled_targets
+from tasks.genrm.config import JUDGE_DOMAIN
 from tasks.genrm.judge import constraint_failures, constraints_from_metadata
 from tasks.rollout.base import Completion
 from tasks.rollout.chat import DOMAIN_INSTRUCTIONS, LOGIC_INSTRUCTION
@@ -29,7 +30,6 @@ from tasks.train.data import (
     gold_response,
 )
 from tasks.train.encoding import encode_example, prompt_text
-from tasks.train.judge_data import JUDGE_DOMAIN
 
 PROMPTS = {
     "math": "What is 7 * 6?",

@@ -88,6 +88,8 @@ def _default_sources() -> list[CandidateSource]:
 
 # requests no verifier checks (M1: general / instruction): the GenRM judges them
 OPEN_DOMAINS = ("general", "instruction")
+# the domain of the judge stage's training rows (verdicts on others' answers, ``judge_data``)
+JUDGE_DOMAIN = "judge"
 
 
 class PromptSelection(BaseModel):

@@ -32,8 +32,8 @@ from tasks.genrm.config import ReferencesConfig
 from tasks.genrm.consistency import BACKWARD
 from tasks.genrm.judge import GenRMJudge, GradeRequest, PairRequest
 from tasks.genrm.references import judgment_rows
-from tasks.ingest import RawRecord, expand_paths, read_records
 from tasks.passk import pass_at_k
+from tasks.records import RawRecord, expand_paths, read_records
 from tasks.rollout.base import RolloutBackend
 from tasks.rollout.chat import render_prompt
 from tasks.text import stable_id

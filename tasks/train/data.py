@@ -27,10 +27,9 @@ import polars as pl
 from data_specs import get_spec
 from data_specs.curation import POOL_TABLES
 from data_specs.stages import TRAINING_TABLES, stages_reading
-from tasks.genrm.config import OPEN_DOMAINS
+from tasks.genrm.config import JUDGE_DOMAIN, OPEN_DOMAINS
 from tasks.train.config import TrainConfig
 from tasks.train.encoding import encode_example, stage_of_length
-from tasks.train.judge_data import JUDGE_DOMAIN
 from tasks.verify.registry import verify_with_error
 from warehouse import TableRef, Warehouse
 from warehouse.store import frame_digest
@@ -416,7 +415,7 @@ def _rl_row(row: dict, table: str, selected_by: str) -> dict:
 
 def latest_difficulty_decisions(src: Sources) -> tuple[dict[str, str], TableRef | None]:
     """prompt_id -> its newest difficulty decision, and the snapshot it was read from."""
-    from tasks.difficulty import latest_decisions
+    from tasks.scoring import latest_decisions
 
     difficulty, ref = src.read("difficulty")
     return (latest_decisions(difficulty) if ref is not None else {}), ref

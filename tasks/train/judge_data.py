@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from tasks.genrm.config import JudgeConfig
+from tasks.genrm.config import JUDGE_DOMAIN, JudgeConfig
 from tasks.genrm.prompts import pairwise_prompt
 from tasks.genrm.synthetic import (
     answer_text,
@@ -54,7 +54,6 @@ from tasks.genrm.synthetic import (
 
 log = logging.getLogger("posttrain.train.judge_data")
 
-JUDGE_DOMAIN = "judge"
 # candidates and question are shown whole: tiny prompts are far below the default cut
 DEFAULT_MAX_CHARS = JudgeConfig().max_response_chars
 
