@@ -29,7 +29,7 @@ def difficulty_flow(
         cfg = ctx.profile.section("difficulty", DifficultyConfig)
         rollout = ctx.profile.section("rollout", RolloutConfig)
         # "policy": band by what the model RL starts from can do now
-        chosen_model = resolve_model_name(model or cfg.model or rollout.model, ctx.wh.home)
+        chosen_model = resolve_model_name(model or cfg.model or rollout.model, ctx.wh.home, sources)
         backend = make_backend(rollout.model_copy(update={"model": chosen_model}))
         log.info("difficulty: sampling %s with %s (n=%d, max_tokens=%d)", tables, chosen_model,
                  cfg.sampling.n, cfg.sampling.max_tokens)

@@ -71,7 +71,7 @@ def references_flow(profile: str = "tiny", home: str | None = None, prompts: lis
     with flow_context(SECTION, profile, home, params, sections=(SECTION,)) as ctx:
         cfg = ctx.profile.section(SECTION, ReferencesConfig)
         wh = ctx.wh
-        judge_backend, backends = build_backends(cfg, str(wh.home))
+        judge_backend, backends = build_backends(cfg, str(wh.home), sources)
         judge = GenRMJudge(judge_backend, cfg.judge, seed=cfg.seed)
         report = tournaments_task(wh, cfg, judge, backends, prompts, ctx.run_id, sources)
         for ref in report.inputs:

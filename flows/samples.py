@@ -29,7 +29,7 @@ def job_model(job: SampleJob, wh: Warehouse, train: TrainConfig, model_section: 
     name = model or job.model
     if name == BASE_MODEL:
         return str(prepare_base_model(wh, train.base_model, model_section, train.seed, sources))
-    return resolve_model_name(name, wh.home)
+    return resolve_model_name(name, wh.home, sources)
 
 
 @flow(name="samples", log_prints=True, flow_run_name="samples {job}")

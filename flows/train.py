@@ -40,7 +40,9 @@ from flows.references import recalibrate_flow
 from tasks import tracking
 from tasks.audit import SIDE_OF_TABLE, AuditFailed, AuditReport, model_scope, run_audit
 from tasks.genrm.config import LengthBiasConfig
+from tasks.genrm.models import resolve_model_name
 from tasks.model_registry import read_models, refuse_failed_audit
+from tasks.rollout.factory import backend_kind
 from tasks.train import checkpoint
 from tasks.train.base_model import prepare_base_model
 from tasks.train.config import TrainConfig
@@ -80,6 +82,25 @@ def build_data_task(home: str, cfg: dict, base_model: str, tables: list[str],
 RUNTIME_READS = {"rl": ("references", "judge_calibrations")}
 
 
+def judge_model(wh: Warehouse, conf: TrainConfig, stage: str, sources: dict[str, TableRef] | None) -> str | None:
+    """The checkpoint an RL stage's GenRM judge runs, when its rollout names a model of this home
+    (``judge``, another stage, ``policy``): resolved from the ``models`` snapshot handed over in
+    ``sources``, so a judge trained after the hand-over is not the one this run was given. None
+    when the stage has no GenRM judge, names a fixed model, or the home has no such model yet (a
+    run whose prompts need no judge never asks for one)."""
+    if train_stage(stage).recipe != "rl":
+        return None
+    genrm = conf.stage(stage).genrm
+    rollout = genrm.judge.rollout
+    if not genrm.enabled or not backend_kind(rollout.backend).loads_model:
+        return None
+    try:
+        path = resolve_model_name(rollout.model, wh.home, sources)
+    except LookupError:
+        return None
+    return path if path != rollout.model else None
+
+
 def runtime_sources(wh: Warehouse, stage: str, sources: dict[str, TableRef] | None) -> dict[str, str | None]:
     """The snapshots the stage reads while it trains: those handed over in ``sources``, else each
     table's newest now (None: it does not exist, and the stage reads none)."""
@@ -106,10 +127,12 @@ def train_stage_task(stage: str, home: str, profile: str, run_name: str, init_mo
                                     **prefect_run_tags()}) as run_id:
         tracking.log_table(ref, context="input")
         reads = runtime_sources(wh, stage, sources)
-        fingerprint = stage_fingerprint(wh, config_hash, stage, ref, init_model, reads)
+        judge = judge_model(wh, conf, stage, sources)
+        fingerprint = stage_fingerprint(wh, config_hash, stage, ref, init_model, reads, judge)
+        extra = {**({"sources": reads} if reads else {}), **({"judge_model": judge} if judge else {})}
         job = StageJob(stage=stage, home=home, run_name=run_name, profile=profile, init_model=init_model,
                        data_ref=ref, config=cfg, fingerprint=fingerprint, mlflow_run_id=run_id,
-                       tracking_uri=tracking.mlflow.get_tracking_uri(), extra={"sources": reads} if reads else {})
+                       tracking_uri=tracking.mlflow.get_tracking_uri(), extra=extra)
         if _stage_rows(wh, ref, stage) == 0:
             # e.g. no example is long enough for a long stage: nothing to learn, the model goes on as is
             flow_logger().warning("train %s: no rows of %s fall in this stage's range; the model passes "
@@ -151,14 +174,15 @@ def gate_audit(wh: Warehouse, stage: str, ref: TableRef, init_model: str, requir
 
 
 def stage_fingerprint(wh: Warehouse, config_hash: str, stage: str, ref: TableRef, init_model: str,
-                      reads: dict[str, str | None]) -> str:
+                      reads: dict[str, str | None], judge: str | None = None) -> str:
     """What a stage's training is: its config, its data's content, the weights it starts from and
     the content of what it reads while it trains (``runtime_sources``: new references or a new
-    judge calibration retrain RL; the same content under a new snapshot does not). A finished
-    stage with the same fingerprint is not trained again."""
+    judge calibration retrain RL; the same content under a new snapshot does not), and the judge it
+    was handed (``judge_model``: a retrained judge retrains RL). A finished stage with the same
+    fingerprint is not trained again."""
     read_hashes = {t: wh.ref(*r.split("@", 1)).content_hash for t, r in reads.items() if r is not None}
     return _digest(config_hash, stage, ref.content_hash, _model_identity(wh, init_model),
-                   *([read_hashes] if read_hashes else []))
+                   *([read_hashes] if read_hashes else []), *([_model_identity(wh, judge)] if judge else []))
 
 
 def _stage_rows(wh: Warehouse, ref: TableRef, stage: str) -> int:
@@ -210,10 +234,12 @@ def _stage_sequence(stages: list[str] | None, cfg: TrainConfig) -> list[str]:
     return [s for s in STAGE_NAMES if s in wanted]
 
 
-def _previous_model(wh: Warehouse, run_name: str, stage: str, base: str, accept_failed_audit: bool = False) -> str:
-    """The newest model this run produced in the stages ``stage`` follows (nearest first), else
-    the base model; one whose audit failed is refused unless accepted."""
-    models = read_models(wh).filter(pl.col("run_name") == run_name)
+def _previous_model(wh: Warehouse, run_name: str, stage: str, base: str, accept_failed_audit: bool = False,
+                    sources: dict[str, TableRef] | None = None) -> str:
+    """The newest model this run produced in the stages ``stage`` follows (nearest first), as of
+    the ``models`` snapshot handed over in ``sources`` (else the newest), else the base model; one
+    whose audit failed is refused unless accepted."""
+    models = read_models(wh, sources).filter(pl.col("run_name") == run_name)
     for prev in earlier_stages(stage):
         rows = models.filter(pl.col("stage") == prev)
         if rows.height:
@@ -284,7 +310,7 @@ def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str]
         for stage in sequence:
             # the model of the nearest stage it follows: trained just now, else earlier in this run
             init_model = next((results[p]["path"] for p in earlier_stages(stage) if "path" in results.get(p, {})), None) \
-                or _previous_model(wh, name, stage, base, accept_failed_audit)
+                or _previous_model(wh, name, stage, base, accept_failed_audit, sources)
             table = train_stage(stage).table
             if table not in data_refs and train_stage(stage).optional:
                 log.info("train %s: no %s rows (the profile asks for none): stage not trained", stage, table)

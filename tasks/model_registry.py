@@ -47,10 +47,12 @@ def audited_row(wh: Warehouse, path: str) -> dict | None:
 POLICY_MODEL = "policy"
 
 
-def stage_model(wh: Warehouse, stage: str, accept_failed_audit: bool = False) -> str:
-    """The newest model a training stage produced in this home (``model: judge`` in a profile);
-    refused when its audit failed, unless accepted."""
-    models = read_models(wh).filter(pl.col("stage") == stage)
+def stage_model(wh: Warehouse, stage: str, accept_failed_audit: bool = False,
+                sources: Mapping[str, TableRef] | None = None) -> str:
+    """The newest model a training stage produced in this home (``model: judge`` in a profile), as
+    of the ``models`` snapshot handed over in ``sources`` (else the newest); refused when its audit
+    failed, unless accepted."""
+    models = read_models(wh, sources).filter(pl.col("stage") == stage)
     if models.is_empty():
         raise LookupError(f"model {stage!r}: the `models` table of {wh.home} has no model of stage {stage!r}; "
                           f"train it first (`posttrain train --stage {stage}`) or name a model")
@@ -58,11 +60,13 @@ def stage_model(wh: Warehouse, stage: str, accept_failed_audit: bool = False) ->
     return str(models["path"][-1])
 
 
-def rl_start_model(wh: Warehouse, accept_failed_audit: bool = False) -> str:
-    """The model the RL stage starts from: the newest ``models`` row of a policy stage before RL;
-    refused when its audit failed, unless accepted."""
+def rl_start_model(wh: Warehouse, accept_failed_audit: bool = False,
+                   sources: Mapping[str, TableRef] | None = None) -> str:
+    """The model the RL stage starts from: the newest ``models`` row of a policy stage before RL
+    (as of the ``models`` snapshot handed over in ``sources``, else the newest); refused when its
+    audit failed, unless accepted."""
     before_rl = earlier_stages(stages_of("rl")[0])
-    models = read_models(wh).filter(pl.col("stage").is_in(before_rl))
+    models = read_models(wh, sources).filter(pl.col("stage").is_in(before_rl))
     if models.is_empty():
         raise LookupError(f"model {POLICY_MODEL!r}: no trained pre-RL stage in the `models` table of {wh.home}; "
                           "run the SFT/DPO stages first or name a model")

@@ -305,3 +305,22 @@ def test_a_correction_the_stage_fitted_outlives_pinned_table_reads(wh):
     reward.use_correction(mine)
     assert reward.refresh_calibration() == mine
     assert LengthCorrection.from_mapping(reward.in_stage_correction()) == mine   # what a checkpoint keeps
+
+
+def test_the_rl_stage_runs_the_judge_checkpoint_it_was_handed(wh, monkeypatch):
+    """``extra["judge_model"]`` (the train flow's hand-over) is the model the judge backend loads,
+    instead of the profile's name resolved against whatever is newest while RL trains."""
+    from tasks.train import rl
+
+    cfg = rl_config(steps=2)
+    sft_job = seeded_sft_job(wh, cfg)
+    rl_ref = add_instruction_prompts(wh, f"rl_prompts@{wh.latest('rl_prompts').snapshot}")
+    built = []
+    monkeypatch.setattr(rl, "judge_backend_factory", lambda rollout, home: built.append(rollout.model) or (lambda: None))
+    for extra, want in (({"judge_model": "/handed/judge"}, "/handed/judge"), ({}, cfg.rl.genrm.judge.rollout.model)):
+        job = StageJob(stage="rl", home=str(wh.home), run_name="handed", profile="test",
+                       init_model=sft_job.init_model, data_ref=rl_ref, config=cfg.model_dump(), fingerprint="h",
+                       extra=extra)
+        h = StageHarness(job)
+        rl.make_rewarder(h, rl.load_pool(h), None, None)
+        assert built[-1] == want

@@ -98,3 +98,29 @@ def test_train_flow_runs_every_stage_with_child_runs_and_lineage(home, wh, monke
     row = wh.read("models").filter(pl.col("model_id") == f"{empty['run_name']}/sft_long")
     assert row["path"].to_list() == [empty["base_model"]] and row["steps"].to_list() == [0]
     assert client.get_run(passed["mlflow_run_id"]).data.tags["posttrain.passed_through"] == "True"
+
+
+def test_rl_is_handed_the_judge_of_the_models_snapshot_it_was_given(home, wh):
+    """RL's GenRM judge is a model of this home (``model: judge``): the train flow resolves it from
+    the ``models`` snapshot the pipeline handed over, so a judge registered since (a later run)
+    is not the one this run trains against; it enters the stage's fingerprint (#34 item 3)."""
+    from flows.train import judge_model, stage_fingerprint
+    from tasks.model_registry import stage_model
+    from tasks.profile import load_profile
+    from tasks.train.config import TrainConfig
+
+    conf = load_profile("tiny").section("train", TrainConfig)
+    assert conf.rl.genrm.enabled and conf.rl.genrm.judge.rollout.model == "judge"
+    assert judge_model(wh, conf, "rl", None) is None          # no judge trained yet: resolved when asked
+    row = {"run_name": "r1", "stage": "judge", "init_model": "base", "profile": "tiny", "steps": 2,
+           "data_snapshots": "[]", "config_hash": "x"}
+    first = wh.append("models", pl.DataFrame([{**row, "model_id": "r1/judge", "path": str(home / "judge-1")}]))
+    newer = wh.append("models", pl.DataFrame([{**row, "model_id": "r2/judge", "run_name": "r2",
+                                               "path": str(home / "judge-2")}]))
+    assert judge_model(wh, conf, "rl", {"models": first}) == str(home / "judge-1")
+    assert judge_model(wh, conf, "rl", None) == stage_model(wh, "judge") == str(home / "judge-2")
+    assert stage_model(wh, "judge", sources={"models": first}) == str(home / "judge-1")
+    assert judge_model(wh, conf, "sft_short", {"models": newer}) is None   # only RL has a GenRM judge
+    data = first   # any snapshot: the fingerprint's other parts are held equal
+    assert stage_fingerprint(wh, "c", "rl", data, "base", {}, str(home / "judge-1")) != \
+        stage_fingerprint(wh, "c", "rl", data, "base", {}, str(home / "judge-2"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -87,17 +87,18 @@ class ReferencesReport:
 
 # -- backends ------------------------------------------------------------------------------
 
-def build_backends(cfg: ReferencesConfig, home: str | None = None) -> tuple[RolloutBackend, dict[str, RolloutBackend]]:
+def build_backends(cfg: ReferencesConfig, home: str | None = None, sources: Mapping[str, TableRef] | None = None
+                   ) -> tuple[RolloutBackend, dict[str, RolloutBackend]]:
     """The judge backend and one backend per 'backend' candidate source.
 
-    Model names resolve against ``home`` first (``tasks.genrm.models``): ``policy`` is the
-    model RL starts from. Sources whose model settings equal the judge's (or each other's)
+    Model names resolve against ``home`` first (``tasks.genrm.models``), as of the ``models``
+    snapshot handed over in ``sources``: ``policy`` is the model RL starts from. Sources whose model settings equal the judge's (or each other's)
     share one loaded model: sampling settings are per call, so only the engine part must match.
     """
     loaded: dict[str, RolloutBackend] = {}
 
     def engine(rollout: RolloutConfig) -> RolloutBackend:
-        rollout = resolve_rollout(rollout, home)
+        rollout = resolve_rollout(rollout, home, sources)
         key = engine_key(rollout)
         if key not in loaded:
             loaded[key] = make_backend(rollout)

@@ -411,16 +411,19 @@ def make_rewarder(h: StageHarness, pool: list[dict], reward_fn: RewardFn | None,
                   judge_backend: JudgeFactory | None) -> DomainReward:
     """The step's reward: ``reward_fn`` for every sample when given, else verifiers + GenRM by domain.
 
-    References and the judge's length calibration come from the snapshots the stage was handed
-    (``handed_ref``), not from whatever is newest while it trains."""
+    References, the judge's length calibration and the judge's checkpoint (``extra["judge_model"]``)
+    come from what the stage was handed (``handed_ref``), not from whatever is newest while it trains."""
     cfg = h.stage_cfg.genrm
+    judge_rollout = cfg.judge.rollout
+    if (h.job.extra or {}).get("judge_model"):   # the judge's checkpoint the train flow was handed
+        judge_rollout = judge_rollout.model_copy(update={"model": h.job.extra["judge_model"]})
     references: dict[str, str] = {}
     if cfg.enabled and reward_fn is None and any(r["domain"] in cfg.domains for r in pool):
         ref = handed_ref(h, "references")
         if ref is not None:
             references = references_by_prompt(current_references(Warehouse(h.job.home), ref.snapshot),
                                               {r["prompt_id"] for r in pool})
-    rewarder = DomainReward(cfg, references, judge_backend or judge_backend_factory(cfg.judge.rollout, h.job.home),
+    rewarder = DomainReward(cfg, references, judge_backend or judge_backend_factory(judge_rollout, h.job.home),
                             seed=h.cfg.seed, custom=reward_fn, run_id=h.job.mlflow_run_id,
                             rollout_prefix=f"rl:{h.job.run_name}", home=h.job.home,
                             verify_workers=h.stage_cfg.verify_workers)
