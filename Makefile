@@ -50,9 +50,10 @@ run: $(STAMP)
 smol: $(STAMP)
 	$(BIN)/posttrain run --profile smol
 
-# two workers, whole files each (module fixtures run once), in collection order: the default-run test's pipeline
-# (slow-marked, collected first) leaves a core idle most of its ~18 minutes, the other worker
-# takes the rest of the suite meanwhile. TEST_WORKERS=0 runs everything in one process.
+# two workers, whole files each (module fixtures run once), in collection order: the two whole-pipeline
+# files (slow-marked, collected first) start at once, the default run's (~13 minutes, a core idle
+# much of it) on one worker, the interrupted runs' (~8 minutes) on the other, which then takes the
+# rest of the suite. TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15

@@ -417,11 +417,12 @@ def _print_ladder(ladder: dict) -> None:
     for s in stages:
         t.add_column(s, justify="right")
     t.add_column("RL - SFT", justify="right")
-    sft = next((s for s in reversed(stages) if s.startswith("sft")), None)
+    from data_specs.stages import final_policy_stage, last_of
     from tasks.evaluate import SYNTHETIC_BENCHMARK, ladder_order
+    sft, final = last_of("sft"), final_policy_stage()
     for bench in ladder_order(ladder):
         by_stage = ladder[bench]
-        delta = by_stage["rl"] - by_stage[sft] if sft and "rl" in by_stage and sft in by_stage else None
+        delta = by_stage[final] - by_stage[sft] if final in by_stage and sft in by_stage else None
         name = "synthetic, mean" if bench == SYNTHETIC_BENCHMARK else bench.replace(f"{SYNTHETIC_BENCHMARK}/", "synthetic: ")
         t.add_row(name, *[f"{by_stage[s]:.2f}" if s in by_stage else "" for s in stages],
                   "" if delta is None else f"{delta:+.2f}")

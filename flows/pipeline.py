@@ -29,7 +29,14 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
-from data_specs.stages import TRAIN_STAGES, TrainStage, final_policy_stage, last_of, train_stage
+from data_specs.stages import (
+    TRAIN_STAGES,
+    TrainStage,
+    final_policy_stage,
+    last_of,
+    stages_of,
+    train_stage,
+)
 from flows.audit import audit_flow
 from flows.common import flow_context, flow_logger, progress_scope, report_progress
 from flows.compare import write_run_report
@@ -147,7 +154,7 @@ _WORK_STAGES = (
     # after DPO: with `difficulty.model: policy` it bands prompts by the model RL starts from
     Stage("difficulty", lambda profile, home, refs: difficulty_flow(profile=profile, home=home, sources=refs),
           sections=("difficulty", "rollout"),
-          after=("curate", "synthesize", train_stage("rl").follows)),
+          after=("curate", "synthesize", train_stage(stages_of("rl")[0]).follows)),
 )
 _EVALUATE = Stage("evaluate", lambda profile, home, refs: evaluate_flow(profile=profile, home=home, sources=refs),
                   sections=("evaluate", "rollout"), after=(final_policy_stage(),))

@@ -28,6 +28,7 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
 from data_specs.curation import POOL_TABLES
+from data_specs.stages import last_of
 from tasks.genrm.config import OPEN_DOMAINS
 from tasks.rollout.base import RolloutBackend
 from tasks.scoring import (
@@ -76,7 +77,7 @@ class SampleJob(BaseModel):
     model_config = ConfigDict(extra="forbid")
     enabled: bool = False
     # teacher: "base" (the model the first training stage starts from: rejection-sampling
-    # fine-tuning), a training stage's name, an alias ("smol") or a path; on_policy: "sft_long"
+    # fine-tuning), a training stage's name, an alias ("smol") or a path; on_policy: the last SFT stage
     model: str = "base"
     sampling: JobSampling = Field(default_factory=JobSampling)
     domains: list[str] = Field(default_factory=lambda: ["math", "logic", "code", *OPEN_DOMAINS])
@@ -87,7 +88,8 @@ class SampleJob(BaseModel):
 class SamplesConfig(VerifySettings):
     """The ``samples`` profile section."""
     teacher: SampleJob = Field(default_factory=SampleJob)
-    on_policy: SampleJob = Field(default_factory=lambda: SampleJob(model="sft_long"))
+    # DPO's on-policy samples come from the model DPO starts from: the last SFT stage
+    on_policy: SampleJob = Field(default_factory=lambda: SampleJob(model=last_of("sft")))
     clean: CleanConfig = Field(default_factory=CleanConfig)
     prompts_per_chunk: int = Field(32, ge=1, description="prompts sent to the backend at once")
     synthetic_per_task: int | None = Field(
