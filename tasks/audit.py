@@ -102,7 +102,7 @@ class AuditFailed(RuntimeError):
         super().__init__(f"training-data audit failed with {report.violations} violation(s):\n{report.describe()}")
 
 
-def _latest(wh: Warehouse, name: str, snapshots: dict[str, str],
+def _handed(wh: Warehouse, name: str, snapshots: dict[str, str],
             sources: Mapping[str, TableRef] | None = None) -> pl.DataFrame:
     """``name`` at the snapshot handed over in ``sources``, else its newest (recorded in ``snapshots``)."""
     ref = wh.pinned(name, sources)
@@ -154,8 +154,7 @@ def _audited_snapshots(wh: Warehouse, sources: Mapping[str, TableRef] | None = N
     that they exist."""
     check = AuditCheck("training_snapshots")
     out: dict[str, list[TableRef]] = {name: [] for name in SIDE_OF_TABLE}
-    models_ref = wh.pinned("models", sources)
-    models = wh.read_ref(models_ref) if models_ref is not None else pl.DataFrame()
+    models = read_models(wh, sources)
     if not models.is_empty():
         for row in models.group_by("stage", maintain_order=True).last().iter_rows(named=True):
             for text in json.loads(row["data_snapshots"] or "[]"):
@@ -217,7 +216,7 @@ def _sources(wh: Warehouse, built_from: dict[TableRef, list[TableRef]], name: st
     """``name`` as the audited training snapshots were built from it (every snapshot of it their
     lineage, ``built_from``, names), else its newest."""
     named = list(dict.fromkeys(p for parents in built_from.values() for p in parents if p.name == name))
-    return _read_all(wh, named, snapshots) if named else _latest(wh, name, snapshots)
+    return _read_all(wh, named, snapshots) if named else _handed(wh, name, snapshots)
 
 
 def _normalized(df: pl.DataFrame, column: str = "prompt") -> list[str]:
@@ -413,8 +412,8 @@ def run_audit(wh: Warehouse, scope: dict[str, list[TableRef]] | None = None,
     checks = [present]
     checks += [_check_side(name, df, prompts[name], index) for name, df in tables.items()]
     checks += _check_both_sides(rows, index, pools, synthetic)
-    checks.append(_check_benchmarks(rows, _latest(wh, "benchmarks", snapshots, sources),
-                                     _latest(wh, "decisions", snapshots, sources)))
+    checks.append(_check_benchmarks(rows, _handed(wh, "benchmarks", snapshots, sources),
+                                     _handed(wh, "decisions", snapshots, sources)))
     checks.append(_check_rl_difficulty(wh, {r: frames[r] for r in audited["rl_prompts"]}, built_from, snapshots,
                                        require_difficulty))
     checks.append(_check_sampled_targets(tables["sft_data"], tables["dpo_pairs"],

@@ -92,8 +92,9 @@ def build_backends(cfg: ReferencesConfig, home: str | None = None, sources: Mapp
     """The judge backend and one backend per 'backend' candidate source.
 
     Model names resolve against ``home`` first (``tasks.genrm.models``), as of the ``models``
-    snapshot handed over in ``sources``: ``policy`` is the model RL starts from. Sources whose model settings equal the judge's (or each other's)
-    share one loaded model: sampling settings are per call, so only the engine part must match.
+    snapshot handed over in ``sources``: ``policy`` is the model RL starts from. Sources whose
+    model settings equal the judge's (or each other's) share one loaded model: sampling settings
+    are per call, so only the engine part must match.
     """
     loaded: dict[str, RolloutBackend] = {}
 
