@@ -51,7 +51,7 @@ from flows.train import train_stage_flow
 from tasks import tracking
 from tasks.profile import CoreSettings, Profile, load_profile
 from tasks.rollout.factory import BACKENDS
-from warehouse import TableRef, Warehouse, recording_tables
+from warehouse import TableRef, Warehouse, recording_tables, recording_writer
 from warehouse.store import TableUse
 
 Refs = dict[str, TableRef]
@@ -224,13 +224,15 @@ def _output_refs(outputs: str | None) -> dict[str, list[TableRef]]:
 
 
 def _snapshot_writers(wh: Warehouse) -> dict[str, str]:
-    """name@snapshot -> the pipeline stage that wrote it."""
+    """name@snapshot -> the pipeline stage that wrote it: as the catalog recorded it when it was
+    written (so a stage killed before it recorded its run still owns what it wrote), else as
+    ``stage_runs`` lists it (snapshots written before the catalog named writers)."""
     out: dict[str, str] = {}
     for stage, outputs in wh.read("stage_runs", default_empty=True).select("stage", "outputs").iter_rows():
         for refs in _output_refs(outputs).values():
             for ref in refs:
                 out[str(ref)] = stage
-    return out
+    return {**out, **wh.writers()}
 
 
 def upstream_stages(name: str) -> set[str]:
@@ -356,7 +358,7 @@ def stage_task(name: str, profile: str, home: str | None, force: bool, inputs: R
         return {**json.loads(previous["summary"]), "skipped": True,
                 "table_refs": {**inputs, **standing_outputs(wh, previous)}}
     t0 = time.time()
-    with recording_tables() as use, progress_scope(name):
+    with recording_tables() as use, recording_writer(name), progress_scope(name):
         result = stage.run(profile, home, inputs)
     seconds = time.time() - t0
     record_stage_run(wh, stage, key, use, prof.config_hash(*stage.sections), result, seconds)

@@ -169,6 +169,24 @@ def test_a_read_table_counts_as_changed_only_when_an_earlier_stage_or_new_data_r
     assert changed_reads(wh, "dpo_short", previous) == ["pool"]
 
 
+def test_what_a_killed_stage_wrote_is_its_own_and_does_not_rerun_the_stages_before_it(wh):
+    """A stage killed after it wrote a table but before the pipeline recorded its run (sft_long
+    registered its model, then kill -9) still owns that snapshot: the catalog names its writer,
+    so the rerun does not take it for new data and redo sft_short."""
+    from flows.pipeline import changed_reads, last_stage_run, standing_outputs
+    from warehouse import recording_writer
+
+    models = wh.write("models_seen", pl.DataFrame({"x": [1]}))
+    _stage_run(wh, "sft_short", ["models_seen@" + models.snapshot], {"models_seen": [str(models)]})
+    with recording_writer("sft_long"):                     # no stage_runs row follows: killed
+        wh.append("models_seen", pl.DataFrame({"x": [2]}))
+    previous = last_stage_run(wh, "sft_short")
+    assert changed_reads(wh, "sft_short", previous) == []
+    assert standing_outputs(wh, previous)["models_seen"].snapshot == models.snapshot   # not data from outside
+    wh.append("models_seen", pl.DataFrame({"x": [3]}))       # written by hand: new data
+    assert changed_reads(wh, "sft_short", previous) == ["models_seen"]
+
+
 def test_a_stage_run_records_what_it_read_and_wrote_in_one_form_and_old_rows_still_read(wh):
     """``inputs`` and ``outputs`` both hold table references (a TableRef's fields), so a reader
     never tells two encodings apart; rows written with ``name@snapshot`` text still read."""

@@ -124,3 +124,22 @@ def test_rl_is_handed_the_judge_of_the_models_snapshot_it_was_given(home, wh):
     data = first   # any snapshot: the fingerprint's other parts are held equal
     assert stage_fingerprint(wh, "c", "rl", data, "base", {}, str(home / "judge-1")) != \
         stage_fingerprint(wh, "c", "rl", data, "base", {}, str(home / "judge-2"))
+
+
+def test_a_model_registered_once_is_not_registered_again_by_a_rerun_of_its_stage(home, wh):
+    """A stage killed after it registered its model and before the pipeline recorded the stage
+    runs again on the rerun, finds its finished checkpoint and registers: the same model (same
+    row but for the MLflow run) is not added twice; a different one is."""
+    from tasks.train.models import register_model
+
+    path = home / "checkpoints" / "r" / "sft_short" / "final"
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    data = wh.write("sft_data_seen", pl.DataFrame({"x": [1]}))
+    kwargs = {"run_name": "r", "stage": "sft_short", "init_model": "base", "profile": "tiny", "parents": [data],
+                  "config_hash": "c", "mlflow_run_id": None, "log_weights_max_mb": 0.0, "audit_violations": 0}
+    first = register_model(wh, result={"path": str(path), "steps": 4, "final_loss": 1.5}, **kwargs)
+    again = register_model(wh, result={"path": str(path), "steps": 4, "final_loss": 1.5}, **kwargs)
+    assert again == first and wh.read("models").height == 1
+    longer = register_model(wh, result={"path": str(path), "steps": 8, "final_loss": 1.2}, **kwargs)
+    assert longer != first and wh.read("models")["steps"].to_list() == [4, 8]

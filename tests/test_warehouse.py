@@ -159,3 +159,41 @@ def test_gc_removes_only_orphans(wh):
     (orphan / "part-0.parquet").write_bytes(b"partial")
     removed = wh.gc(older_than_s=0)
     assert removed == [orphan] and wh.read("scratch").height == 1
+
+
+def test_each_snapshot_names_the_stage_that_wrote_it_here_and_in_processes_it_started(wh):
+    """The catalog records the pipeline stage writing (``recording_writer``, or the environment
+    a stage hands the processes it starts, as its training ranks); writes outside a stage name none."""
+    from tasks.train.engine import subprocess_env
+    from warehouse import recording_writer
+
+    outside = wh.write("scratch", pl.DataFrame({"a": [1]}))
+    with recording_writer("sft_long"):
+        inside = wh.append("scratch", pl.DataFrame({"a": [2]}))
+        env = subprocess_env()
+    code = ("import sys, polars as pl; from warehouse import Warehouse; "
+            "print(Warehouse(sys.argv[1]).append('scratch', pl.DataFrame({'a': [3]})).snapshot)")
+    rank = subprocess.run([PY, "-c", code, str(wh.home)], env=env, capture_output=True, text=True, check=True)
+    assert wh.writers() == {str(inside): "sft_long", f"scratch@{rank.stdout.strip()}": "sft_long"}
+    assert str(outside) not in wh.writers()
+    assert "POSTTRAIN_WRITER" not in subprocess_env()   # only a stage's own processes are named
+
+
+def test_a_catalog_made_before_writers_were_recorded_opens_and_records_them(home):
+    import duckdb
+
+    from warehouse import recording_writer
+    from warehouse.store import CATALOG_DDL
+
+    old_ddl = CATALOG_DDL.replace(",\n    writer VARCHAR                 -- the pipeline stage that wrote it (``recording_writer``)", "")
+    assert "writer" not in old_ddl
+    con = duckdb.connect(str(Path(home) / "warehouse.duckdb"))
+    con.execute(old_ddl)
+    con.execute("INSERT INTO snapshots VALUES (1, 'scratch', '20260101T000000-00000000', NULL, 0, 'h', '[]', "
+                "NULL, now()::TIMESTAMP, 'replace', '[]', NULL)")
+    con.close()
+    wh = Warehouse(home)
+    assert wh.history("scratch").height == 1 and wh.writers() == {}
+    with recording_writer("curate"):
+        ref = wh.write("scratch", pl.DataFrame({"a": [1]}))
+    assert wh.writers() == {str(ref): "curate"}

@@ -43,9 +43,12 @@ CREATE TABLE IF NOT EXISTS snapshots (
     created TIMESTAMP NOT NULL,
     mode VARCHAR NOT NULL,
     files VARCHAR NOT NULL,        -- JSON list of paths relative to home
-    note VARCHAR
+    note VARCHAR,
+    writer VARCHAR                 -- the pipeline stage that wrote it (``recording_writer``)
 )
 """
+# catalogs made before the ``writer`` column
+CATALOG_MIGRATIONS = ("ALTER TABLE snapshots ADD COLUMN IF NOT EXISTS writer VARCHAR",)
 # Every directory this home has been opened at (a home copied or moved elsewhere keeps the
 # old ones): paths stored before the copy are read as paths in this home (``local_path``).
 LOCATIONS_DDL = "CREATE TABLE IF NOT EXISTS locations (path VARCHAR PRIMARY KEY, first_seen TIMESTAMP NOT NULL)"
@@ -92,6 +95,10 @@ class Warehouse:
         self._lock = FileLock(str(self.home / "warehouse.lock"), timeout=LOCK_TIMEOUT_S)
         with self._catalog() as con:
             con.execute(CATALOG_DDL)
+            columns = {r[1] for r in con.execute("PRAGMA table_info('snapshots')").fetchall()}
+            if "writer" not in columns:
+                for statement in CATALOG_MIGRATIONS:
+                    con.execute(statement)
             con.execute(LOCATIONS_DDL)
             known = [r[0] for r in con.execute("SELECT path FROM locations ORDER BY first_seen").fetchall()]
             if str(self.home) not in known:
@@ -232,10 +239,11 @@ class Warehouse:
                     parent_names = [f"{name}@{latest[3]}"] + parent_names
                 seq = con.execute("SELECT coalesce(max(seq), 0) + 1 FROM snapshots").fetchone()[0]
                 con.execute(
-                    "INSERT INTO snapshots VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO snapshots (seq, name, snapshot, schema_version, rows, content_hash, parents, "
+                    "flow_run_id, created, mode, files, note, writer) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [seq, name, snapshot, spec.version if spec else None, rows, content_hash,
                      json.dumps(parent_names), flow_run_id, datetime.now(UTC).replace(tzinfo=None),
-                     mode, json.dumps(files), note],
+                     mode, json.dumps(files), note, current_writer()],
                 )
                 con.execute("COMMIT")
             except BaseException:
@@ -306,6 +314,12 @@ class Warehouse:
         if not rows:
             raise KeyError(f"table {name!r} does not exist in {self.home}")
         return _frame(rows, list(rows[0].keys()))
+
+    def writers(self) -> dict[str, str]:
+        """``name@snapshot`` -> the pipeline stage that wrote it, for every snapshot written
+        inside a stage (``recording_writer``)."""
+        rows = self._rows("SELECT name, snapshot, writer FROM snapshots WHERE writer IS NOT NULL")
+        return {f"{r['name']}@{r['snapshot']}": r["writer"] for r in rows}
 
     def parents(self, name: str, snapshot: str) -> list[TableRef]:
         """The snapshots ``name@snapshot`` was written from (its direct lineage)."""
@@ -394,6 +408,30 @@ def recording_flow_run(flow_run_id: str | None) -> Iterator[None]:
 
 def _current_flow_run_id() -> str | None:
     return _FLOW_RUN_ID.get()
+
+
+# The pipeline stage that is writing (set by the pipeline around each stage, ``recording_writer``;
+# in processes a stage starts, such as its training ranks, by the environment variable the
+# stage hands them): the catalog records it on every snapshot, so the pipeline knows who wrote a
+# snapshot even when the stage was killed before it recorded its run.
+WRITER_ENV = "POSTTRAIN_WRITER"
+_WRITER: ContextVar[str | None] = ContextVar("posttrain_writer", default=None)
+
+
+@contextmanager
+def recording_writer(stage: str | None) -> Iterator[None]:
+    """Snapshots written inside this block (threads started with a copy of this context
+    included) record ``stage`` as their writer."""
+    token = _WRITER.set(stage)
+    try:
+        yield
+    finally:
+        _WRITER.reset(token)
+
+
+def current_writer() -> str | None:
+    """The stage writing here: this context's, else the one this process was started for."""
+    return _WRITER.get() or os.environ.get(WRITER_ENV) or None
 
 
 # Which tables a block of code consults and writes (``recording_tables``): every snapshot

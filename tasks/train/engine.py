@@ -21,6 +21,7 @@ from model.optim import build_adamw
 from tasks.train import proc
 from tasks.train.config import EngineConfig, OptimizerConfig
 from tasks.train.ds_config import deepspeed_config
+from warehouse import WRITER_ENV, current_writer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -169,8 +170,12 @@ def current_lr(engine) -> float:
 
 
 def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment of launcher-started ranks: the venv's tools first, our packages importable."""
+    """Environment of launcher-started ranks: the venv's tools first, our packages importable,
+    and the stage writing here named (the tables a rank writes record their stage)."""
     env = dict(os.environ)
+    env.pop(WRITER_ENV, None)
+    if current_writer():
+        env[WRITER_ENV] = current_writer()
     env["PATH"] = _venv_bin() + os.pathsep + env.get("PATH", "")
     proc.use_extensions_dir(env)
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

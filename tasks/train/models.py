@@ -23,17 +23,12 @@ def register_model(wh: Warehouse, *, run_name: str, stage: str, result: dict, in
                    log_weights_max_mb: float, audit_violations: int | None = None) -> TableRef:
     """Append the model to ``models`` with ``parents`` = the snapshots it was trained on, and the
     verdict of the training-data audit of what it saw (``audit_violations``: 0 passed, more
-    failed; None: not audited)."""
+    failed; None: not audited). A model registered already (the same row but for the MLflow run:
+    an earlier run of the stage was killed before the pipeline recorded it) is not added twice;
+    the newest snapshot, which holds it, is returned and this MLflow run tagged with the one that
+    registered it."""
     path = Path(result["path"])
     num_parameters = None
-    config_file = path / "config.json"
-    if mlflow_run_id:
-        if _size_mb(path) <= log_weights_max_mb:
-            MlflowClient().log_artifacts(mlflow_run_id, str(path), f"model/{stage}")
-        else:  # too big to copy into the artifact store: log where it lives
-            tracking.log_dict({"path": str(path)}, f"model/{stage}/location.json", run_id=mlflow_run_id)
-        if config_file.exists():
-            tracking.log_dict(json.loads(config_file.read_text()), f"model/{stage}/config.json", run_id=mlflow_run_id)
     safetensors = list(path.glob("*.safetensors"))
     if safetensors:
         from safetensors import safe_open
@@ -48,6 +43,21 @@ def register_model(wh: Warehouse, *, run_name: str, stage: str, result: dict, in
            "config_hash": config_hash, "mlflow_run_id": mlflow_run_id, "num_parameters": num_parameters,
            "audit": None if audit_violations is None else ("passed" if audit_violations == 0 else "failed"),
            "audit_violations": audit_violations}
+    standing = _registered(wh, row)
+    if standing is not None:
+        # the same model from the same data, registered by an earlier run of the stage (one killed
+        # before the pipeline recorded it, or re-run): it stands, and this run points at it
+        if mlflow_run_id:
+            tracking.set_tags({"posttrain.registered_by": standing}, run_id=mlflow_run_id)
+        return wh.latest("models")
+    if mlflow_run_id:
+        if _size_mb(path) <= log_weights_max_mb:
+            MlflowClient().log_artifacts(mlflow_run_id, str(path), f"model/{stage}")
+        else:  # too big to copy into the artifact store: log where it lives
+            tracking.log_dict({"path": str(path)}, f"model/{stage}/location.json", run_id=mlflow_run_id)
+        if (path / "config.json").exists():
+            tracking.log_dict(json.loads((path / "config.json").read_text()), f"model/{stage}/config.json",
+                              run_id=mlflow_run_id)
     frame = get_spec("models").conform(pl.DataFrame([row]))
     latest = wh.latest("models")
     if latest is not None and set(wh.scan("models", latest.snapshot).collect_schema().names()) != set(frame.columns):
@@ -56,6 +66,23 @@ def register_model(wh: Warehouse, *, run_name: str, stage: str, result: dict, in
         return wh.write("models", pl.concat([old, frame]), parents=[latest, *parents],
                         note="models spec v2: audit columns added")
     return wh.append("models", frame, parents=parents)
+
+
+# what makes two registrations the same model: every column but the run that registered it
+_SAME_MODEL = ("model_id", "path", "init_model", "profile", "steps", "final_loss", "data_snapshots", "config_hash",
+               "num_parameters", "audit", "audit_violations")
+
+
+def _registered(wh: Warehouse, row: dict) -> str | None:
+    """The MLflow run that registered this very model already (the newest row of its
+    ``model_id`` equal in every ``_SAME_MODEL`` column), or None; "" when that row names no run."""
+    if not wh.exists("models"):
+        return None
+    rows = wh.read("models").filter(pl.col("model_id") == row["model_id"])
+    if not rows.height or "audit" not in rows.columns:
+        return None
+    last = rows.row(-1, named=True)
+    return (last.get("mlflow_run_id") or "") if all(last.get(c) == row[c] for c in _SAME_MODEL) else None
 
 
 def _prod(shape) -> int:
