@@ -137,7 +137,7 @@ def test_a_model_registered_once_is_not_registered_again_by_a_rerun_of_its_stage
     (path / "config.json").write_text("{}")
     data = wh.write("sft_data_seen", pl.DataFrame({"x": [1]}))
     kwargs = {"run_name": "r", "stage": "sft_short", "init_model": "base", "profile": "tiny", "parents": [data],
-                  "config_hash": "c", "mlflow_run_id": None, "log_weights_max_mb": 0.0, "audit_violations": 0}
+                "config_hash": "c", "mlflow_run_id": None, "log_weights_max_mb": 0.0, "audit_violations": 0}
     first = register_model(wh, result={"path": str(path), "steps": 4, "final_loss": 1.5}, **kwargs)
     again = register_model(wh, result={"path": str(path), "steps": 4, "final_loss": 1.5}, **kwargs)
     assert again == first and wh.read("models").height == 1
