@@ -24,7 +24,7 @@ from tasks.synth.registry import get_task
 from tasks.synthesize import generate_task_instances
 from tasks.train.config import GenRMRewardConfig, TrainConfig
 from tasks.train.genrm_reward import DomainReward, RewardCounters
-from tasks.verify.registry import verify_with_error
+from tasks.verify.registry import synth_instance, verify_with_error
 
 
 def synthetic_rows(task: str, n: int, split: str) -> list[dict]:
@@ -99,15 +99,19 @@ def test_dpo_takes_no_rejected_side_from_a_failed_verifier_and_says_why(sft_side
     assert why is None and get_task("game_of_24").verify_strict(get_task("game_of_24").generate(0, 0), response) < 1
     # the broken instance's checker rejects everything: that is no proof the perturbation is wrong
     assert _perturbed_negative({**bad, "_table": "synthetic_tasks"}, 0) == (None, "verify_error")
+    # a reasoning-gym instance's rejected side is an edit of its gold that score_answer rejects
     rg = next(r for r in rows if r["task"].startswith("rg:"))
-    assert _perturbed_negative({**rg, "_table": "synthetic_tasks"}, 0) == (None, "no_perturbation")
+    response, why = _perturbed_negative({**rg, "_table": "synthetic_tasks"}, 0)
+    task = get_task(rg["task"])
+    assert why is None and task.verify_strict(synth_instance(rg), response) < 1.0
 
     frame, _, report = build_dpo_pairs(Sources(wh, "dpo_pairs"), TrainConfig(data={"verify_chosen": True}), tokenizer)
-    assert frame.height == 6 and set(frame["prompt_id"]) == {r["id"] for r in rows[:6]}
+    rg_ids = {r["id"] for r in rows if r["task"].startswith("rg:")}
+    assert frame.height == 9 and set(frame["prompt_id"]) == {r["id"] for r in rows[:6]} | rg_ids
     assert set(frame["rejected_source"]) == {"perturbed"}
     # the broken instances' gold (and the unknown task's) cannot be checked: counted as the
-    # verifier's failure, not as a chosen side it rejected; reasoning-gym has no perturbation
-    assert report.dropped == {"chosen_verify_error": 3, "no_rejected_no_perturbation": 3}, report.dropped
+    # verifier's failure, not as a chosen side it rejected
+    assert report.dropped == {"chosen_verify_error": 3}, report.dropped
     assert report.seen == report.kept + sum(report.dropped.values())
 
 
@@ -122,20 +126,22 @@ def test_the_judge_builder_accounts_for_every_instance_it_was_offered(sft_side, 
         examples = judge_sft_rows(side, per_task=20, seed=0, pairwise_share=0.5, account=account)
     # the accounting changes nothing: the same examples as without it
     assert examples == judge_sft_rows(side, per_task=20, seed=0, pairwise_share=0.5)
-    assert examples and {e["source_id"] for e in examples} == {r["id"] for r in rows[:6]}
-    # every game_of_24 instance was needed: the good ones used, the broken ones skipped as the
-    # verifier's failure; reasoning-gym offers no perturbation; the unknown task none at all
-    assert (account.offered, account.used, account.unused) == (len(rows), 6, 0)
-    assert account.skipped == {"verify_error": 2, "no_perturbation": 3, "unknown_task": 1}
-    assert sorted(account.tasks_without_examples) == ["no_such_task", "rg:basic_arithmetic"]
-    assert any("rg:basic_arithmetic" in r.getMessage() for r in caplog.records)
+    rg_ids = {r["id"] for r in rows if r["task"].startswith("rg:")}
+    assert examples and {e["source_id"] for e in examples} == {r["id"] for r in rows[:6]} | rg_ids
+    # every instance was needed: the good ones used (reasoning-gym's against an edit its
+    # score_answer rejects), the broken ones skipped as the verifier's failure; the unknown task
+    # gave none at all
+    assert (account.offered, account.used, account.unused) == (len(rows), 9, 0)
+    assert account.skipped == {"verify_error": 2, "unknown_task": 1}
+    assert account.tasks_without_examples == ["no_such_task"]
+    assert any("no_such_task" in r.getMessage() for r in caplog.records)
 
     report = BuildReport()
     judge_rows(Sources(wh, "judge_data"), TrainConfig(data={"judge_examples_per_task": 4,
                                                              "judge_pairwise_share": 0.5}), [], report)
     # 4 examples a task: game_of_24 leaves instances unused, and they are counted too
     counts = report.counters()
-    assert counts["judge_tasks_without_examples"] == 2 and counts["judge_instances_skipped_no_perturbation"] == 3
+    assert counts["judge_tasks_without_examples"] == 1 and "judge_instances_skipped_no_perturbation" not in counts
     assert counts["judge_instances_offered"] == counts["judge_instances_used"] + counts["judge_instances_unused"] + \
         sum(v for k, v in counts.items() if k.startswith("judge_instances_skipped_"))
 

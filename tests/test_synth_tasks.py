@@ -183,6 +183,26 @@ def test_reasoning_gym_numeric_answers_are_read_flexibly_only_without_tags():
     assert words.verify(spelled, f"It is {spelled.answer} 7") == 0.0
 
 
+@pytest.mark.parametrize("dataset", ["products", "basic_arithmetic", "chain_sum", "aiw", "word_sorting",
+                                     "zebra_puzzles", "knights_knaves", "spell_backward", "countdown"])
+def test_reasoning_gym_perturbations_are_edits_its_own_scorer_rejects(dataset):
+    """reasoning-gym tasks join DPO and judge data: their wrong answers are edits of the gold that
+    the dataset's ``score_answer`` does not accept (those it scores 0 first), reproducible."""
+    import random
+
+    task = get_task(f"rg:{dataset}")
+    made = 0
+    for seed in range(4):
+        inst = task.generate(seed, 0)
+        wrong = task.perturbations(inst, random.Random(seed))
+        assert wrong == task.perturbations(inst, random.Random(seed))
+        scores = [task.verify(inst, f"<answer>{w}</answer>") for w in wrong]
+        assert all(w.strip() != inst.answer.strip() for w in wrong) and all(s < 1.0 for s in scores)
+        assert scores == sorted(scores, key=lambda s: s > 0)    # the answers it scores 0 first
+        made += len(wrong)
+    assert made >= 4, f"rg:{dataset}: the edits gave almost no wrong answers"
+
+
 def test_reasoning_gym_dataset_without_curriculum_has_one_level():
     task = get_task("rg:acre")
     assert task.n_levels == 1

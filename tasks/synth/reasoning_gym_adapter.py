@@ -109,8 +109,60 @@ class ReasoningGymTask(SynthTask):
         dataset = self._dataset_cls(config=self._config(instance.level, instance.metadata["rg_seed"]))
         return float(dataset.score_answer(answer, entry))
 
-    def perturbations(self, instance: TaskInstance, rng: random.Random) -> list[str]:
-        return []   # what counts as wrong is score_answer's call, not ours
+    def perturbations(self, instance: TaskInstance, rng: random.Random, limit: int = 2) -> list[str]:
+        """Up to ``limit`` edits of the gold answer that the dataset's own ``score_answer`` does
+        not accept (scores below 1): what counts as wrong is its call, not ours. Those it scores 0
+        come first; an answer it gives partial credit (a near-miss sorted list) is still wrong.
+        Candidates: a number moved by 1-3, items or words reordered, a yes/no or true/false
+        flipped, the last word or character dropped (``generic_edits``)."""
+        scored = [(score > 0.0, candidate) for candidate in generic_edits(instance.answer, rng)
+                  if (score := self._score_or_none(instance, candidate)) is not None and score < 1.0]
+        return [c for _, c in sorted(scored, key=lambda sc: sc[0])][:limit]
+
+    def _score_or_none(self, instance: TaskInstance, answer: str) -> float | None:
+        """``check``'s score, or None where the scorer fails on the answer (which proves nothing)."""
+        try:
+            return self.check(instance, answer)
+        except Exception:  # noqa: BLE001 - any scorer failure
+            return None
+
+
+_FLIPS = {"yes": "no", "no": "yes", "true": "false", "false": "true", "valid": "invalid", "invalid": "valid"}
+
+
+def generic_edits(gold: str, rng: random.Random) -> list[str]:
+    """Edits of an answer in any format, distinct from it and from each other, in an order drawn
+    from ``rng``: candidates for a wrong answer, for a scorer to confirm."""
+    gold = str(gold).strip()
+    out: list[str] = []
+    numbers = list(_NUMBER.finditer(gold))
+    for match in numbers[-1:] + numbers[:1]:
+        value = match.group()
+        step = rng.choice([1, 2, 3])
+        moved = str(int(value) + step) if "." not in value else f"{float(value) + step:g}"
+        out.append(gold[: match.start()] + moved + gold[match.end():])
+    if gold.lower() in _FLIPS:
+        out.append(_FLIPS[gold.lower()])
+    items = [t.strip() for t in gold.split(",")] if "," in gold else []
+    if len(items) > 1:
+        i = rng.randrange(len(items) - 1)
+        swapped = items[:i] + [items[i + 1], items[i]] + items[i + 2:]
+        out.append(", ".join(swapped))
+    words = gold.split()
+    if len(words) > 1:
+        out.append(" ".join(reversed(words)))
+        out.append(" ".join(words[:-1]))
+    if len(gold) > 1:
+        out.append(gold[::-1])
+        out.append(gold[:-1])
+    out.append(f"{gold}x" if gold else "x")
+    rng.shuffle(out)
+    seen, unique = {gold}, []
+    for candidate in out:
+        if candidate.strip() and candidate not in seen:
+            seen.add(candidate)
+            unique.append(candidate)
+    return unique
 
 
 def last_number_answer(response: Any, gold: str) -> str | None:

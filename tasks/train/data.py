@@ -328,7 +328,7 @@ def _rejected_candidates(rollouts: pl.DataFrame) -> dict[str, str]:
 def _perturbed_negative(row: dict, seed: int) -> tuple[str | None, str | None]:
     """(a certainly-wrong answer from the synthetic task's own perturbations, checked by its
     verifier, None) or (None, why there is none): ``not_synthetic``, ``no_perturbation`` (the
-    task offers none: reasoning-gym's ``score_answer`` decides what is wrong), ``all_accepted``,
+    task offers none; a reasoning-gym task offers edits its ``score_answer`` rejects), ``all_accepted``,
     ``verify_error`` (the verifier failed on the instance: its 0 is no proof of a wrong answer) or
     ``task_error`` (the task or its instance could not be rebuilt)."""
     if row.get("_table") != "synthetic_tasks":

@@ -30,8 +30,8 @@ their prompt *contains* the instance's prompt instead of equalling it.
 
 Nothing is skipped unseen: a ``JudgeAccount`` says what became of every instance offered (used,
 skipped with its reason, or left over once its task had its examples) and names the tasks that
-gave no example at all (a reasoning-gym task, whose ``score_answer`` alone says what is wrong,
-offers no perturbation to be the wrong answer).
+gave no example at all. A reasoning-gym task's wrong answer is an edit of its gold that the
+dataset's own ``score_answer`` rejects.
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ class _NoItem(Exception):
 def _why_no_item(task, instance) -> str:
     """Why ``judge_grades`` / ``judge_pair`` made nothing of an instance: its verifier failed on
     it (``verify_error``), it rejects the gold (``gold_not_verified``), the task offers no
-    perturbation to be the wrong answer (``no_perturbation``: reasoning-gym), or none it offers
+    perturbation to be the wrong answer (``no_perturbation``), or none it offers
     was a wrong answer the verifier rejects (``no_wrong_answer``). Drawn with a generator of its
     own: the builder's draws stay as they are."""
     from tasks.synth.base import TaskVerifyError
