@@ -70,3 +70,40 @@ def test_curriculum_mixes_general_tasks_in_later_and_is_deterministic():
     assert cur.sample(3, 16) == cur.sample(3, 16) and cur.sample(3, 16) != cur.sample(4, 16)
     with pytest.raises(ValueError, match="only has"):
         Curriculum([CurriculumPhase(start_step=0, domains={"code": 1.0})], ["logic"]).sample(0, 1)
+
+
+def test_later_phases_raise_each_synthetic_tasks_level_window_and_the_level_mix_shows_it():
+    """M1's harder-later: two tasks with levels 0-3 and 2-5 in the pool, three phases over three
+    level windows: each phase draws only its window of each task's levels (prompts without a
+    level in every phase), and the level mix of what it draws rises phase by phase."""
+    from tasks.train.curriculum import level_mix
+
+    rows = ([{"domain": "logic", "task": "sudoku", "level": lv} for lv in range(4) for _ in range(5)]
+            + [{"domain": "logic", "task": "cipher", "level": lv} for lv in range(2, 6) for _ in range(5)]
+            + [{"domain": "math", "task": None, "level": None}] * 10)
+    phases = [CurriculumPhase(start_step=0, domains={"logic": 1.0, "math": 0.5}, level_window=0),
+              CurriculumPhase(start_step=10, domains={"logic": 1.0, "math": 0.5}, level_window=1),
+              CurriculumPhase(start_step=20, domains={"logic": 1.0, "math": 0.5}, level_window=2)]
+    cur = Curriculum(phases, [r["domain"] for r in rows], seed=0, tasks=[r["task"] for r in rows],
+                     levels=[r["level"] for r in rows], level_windows=3)
+    assert cur.levels_at(0) == {"cipher": [2, 3], "sudoku": [0, 1]}
+    assert cur.levels_at(10) == {"cipher": [3, 4], "sudoku": [1, 2]}   # windows slide (and may overlap)
+    assert cur.levels_at(25) == {"cipher": [4, 5], "sudoku": [2, 3]}   # the last holds the hardest
+    means = []
+    for step in (0, 10, 20):
+        drawn = [rows[i] for i in cur.sample(step, 300)]
+        windows = cur.levels_at(step)
+        assert all(r["level"] in windows[r["task"]] for r in drawn if r["task"])
+        assert any(r["domain"] == "math" for r in drawn)
+        means.append(level_mix(drawn)["level_mean"])
+    assert means[0] < means[1] < means[2], means
+    mix = level_mix([rows[i] for i in cur.sample(0, 300)])
+    assert set(mix) == {"level_mean", "level_share/0", "level_share/1", "level_share/2", "level_share/3"}
+    assert abs(sum(v for k, v in mix.items() if k.startswith("level_share/")) - 1.0) < 1e-9
+    assert level_mix([{"domain": "math", "task": None, "level": None}]) == {}
+    # one window (the default): every level in every phase, as before
+    flat = Curriculum(phases[:1], [r["domain"] for r in rows], seed=0, tasks=[r["task"] for r in rows],
+                      levels=[r["level"] for r in rows])
+    assert flat.levels_at(0) == {"cipher": [2, 3, 4, 5], "sudoku": [0, 1, 2, 3]}
+    with pytest.raises(ValueError, match="level_window must be below"):
+        RLStageConfig(curriculum=[{"start_step": 0, "domains": {"logic": 1.0}, "level_window": 1}])

@@ -105,9 +105,13 @@ class LengthGates(_Strict):
 
 
 class CurriculumPhase(_Strict):
-    """From `start_step` on, draw prompts from these domains with these weights."""
+    """From `start_step` on, draw prompts from these domains with these weights, and synthetic
+    prompts from window `level_window` (of the stage's `level_windows`) of each task's levels:
+    later phases can raise the window to harder levels (M1)."""
     start_step: int = Field(0, ge=0)
     domains: dict[str, float]
+    level_window: int = Field(0, ge=0, description="which of rl.level_windows windows of each synthetic "
+                                                   "task's levels in the pool this phase draws from")
 
     @model_validator(mode="after")
     def _weights(self) -> CurriculumPhase:
@@ -184,6 +188,9 @@ class RLStageConfig(StageCommon):
     curriculum: list[CurriculumPhase] = Field(default_factory=lambda: [
         CurriculumPhase(start_step=0, domains={"math": 1.0, "logic": 1.0, "code": 1.0}),
         CurriculumPhase(start_step=1000, domains={"math": 1.0, "logic": 1.0, "code": 1.0, "general": 1.0})])
+    # each synthetic task's levels in the pool, easiest first, cut into this many sliding windows
+    # (tasks.synth.calibration.curriculum_levels); 1: every phase draws every level
+    level_windows: int = Field(1, ge=1)
     max_prompts: int | None = Field(None, ge=1, description="cap on the RL pool size")
     verify_workers: int = Field(
         2, ge=1, description="threads verifying a sampling round's responses on rank 0 (math answers decided in "
@@ -200,6 +207,10 @@ class RLStageConfig(StageCommon):
         starts = [p.start_step for p in self.curriculum]
         if not starts or starts[0] != 0 or starts != sorted(set(starts)):
             raise ValueError(f"rl.curriculum must start at step 0 with increasing start steps, got {starts}")
+        windows = [p.level_window for p in self.curriculum]
+        if max(windows) >= self.level_windows:
+            raise ValueError(f"rl.curriculum level_window must be below rl.level_windows ({self.level_windows}), "
+                             f"got {windows}")
         return self
 
 

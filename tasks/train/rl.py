@@ -32,7 +32,7 @@ from tasks.genrm.length_bias import LengthBiasMonitor, LengthCorrection
 from tasks.genrm.references import current_references
 from tasks.rollout.base import RolloutBackend, SamplingParams
 from tasks.rollout.config import RolloutConfig
-from tasks.train.curriculum import Curriculum
+from tasks.train.curriculum import Curriculum, level_mix
 from tasks.train.encoding import encode_prompt, pad_batch, pad_id_of, prompt_text
 from tasks.train.engine import (
     backward_and_step,
@@ -128,6 +128,7 @@ def _sample_groups(h: StageHarness, sampler, pool: list[dict], curriculum: Curri
         # dynamic sampling's shortfall: the update trains on fewer groups (see ``_micro_batches``)
         "groups_shortfall": float(cfg.prompts_per_step - kept.num_groups),
         "groups_sampled": float(len(seen)),
+        **level_mix([row for row, *_ in seen]),   # the synthetic prompts' levels drawn this step
         **counters.metrics(),
     }
     return kept, stats, seen
@@ -455,7 +456,9 @@ def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: 
     model, tokenizer = h.load_policy()
     pool = load_pool(h)
     rewarder = make_rewarder(h, pool, reward_fn or job_reward_fn(h), judge_backend)
-    curriculum = Curriculum(cfg.curriculum, [r["domain"] for r in pool], h.cfg.seed)
+    curriculum = Curriculum(cfg.curriculum, [r["domain"] for r in pool], h.cfg.seed,
+                            tasks=[r.get("task") for r in pool], levels=[r.get("level") for r in pool],
+                            level_windows=cfg.level_windows)
     schedule = LengthSchedule(cfg.windows, cfg.gates)
     engine = h.create_engine(model, gradient_clipping=schedule.window.gradient_clipping)
     start, state = h.resume(engine)
