@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from tasks.synth.base import LevelParams, SynthTask, TaskInstance, parse_ints
+from tasks.synth.base import LevelParams, SynthTask, TaskInstance, parse_ints, uniqueness_check
 
 
 def single_int(answer: str) -> int | None:
@@ -46,6 +46,7 @@ def evaluate_arithmetic(expr: str) -> tuple[Fraction, list[int]]:
     return ev(tree), used
 
 
+@uniqueness_check
 def solve_24(numbers: list[int], target: int) -> str | None:
     """One expression using each number once that equals ``target``, or None."""
     failed: set[tuple[Fraction, ...]] = set()
@@ -125,6 +126,7 @@ def _word_value(word: str, digits: dict[str, int]) -> int:
     return v
 
 
+@uniqueness_check
 def count_cryptarithm_solutions(addends: list[str], result: str, fixed: dict[str, int],
                                 limit: int = 2) -> int:
     """Digit assignments (distinct digits, no leading zeros) making sum(addends) == result."""

@@ -12,12 +12,16 @@ Generators must also never iterate over sets of strings (their order is salted).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 import random
 import re
+import threading
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, ClassVar
 
@@ -136,6 +140,35 @@ def heldout_seed(index: int) -> int:
 
 def normalize_text(text: str) -> str:
     return " ".join(text.strip().lower().split())
+
+
+# --- uniqueness and solvability checks -----------------------------------------------------
+
+_CHECK_SECONDS = threading.local()
+
+
+def uniqueness_check(fn: Callable) -> Callable:
+    """Mark ``fn`` as a family's uniqueness or solvability check (a solution counter, a solver
+    proving an instance can be solved): the seconds spent in it are added up per thread, so
+    ``bench/synth_throughput.py`` can tell what the checks cost apart from generation. A check
+    called from inside another is counted once."""
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        if getattr(_CHECK_SECONDS, "depth", 0):
+            return fn(*args, **kwargs)
+        _CHECK_SECONDS.depth = 1
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _CHECK_SECONDS.depth = 0
+            _CHECK_SECONDS.total = getattr(_CHECK_SECONDS, "total", 0.0) + time.perf_counter() - t0
+    return timed
+
+
+def uniqueness_seconds() -> float:
+    """Seconds this thread has spent in ``uniqueness_check`` functions so far."""
+    return getattr(_CHECK_SECONDS, "total", 0.0)
 
 
 # --- the task interface --------------------------------------------------------------------

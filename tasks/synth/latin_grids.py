@@ -12,12 +12,20 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
-from tasks.synth.base import LevelParams, SynthTask, TaskInstance, format_grid, parse_grid
+from tasks.synth.base import (
+    LevelParams,
+    SynthTask,
+    TaskInstance,
+    format_grid,
+    parse_grid,
+    uniqueness_check,
+)
 
 Grid = list[list[int]]
 ExtraCheck = Callable[[Grid, int, int], bool]
 
 
+@uniqueness_check
 def count_latin_solutions(n: int, givens: Grid, extra_ok: ExtraCheck | None = None,
                           box: tuple[int, int] | None = None, limit: int = 2) -> int:
     """Solutions of an n x n Latin square (values 1..n) with givens (0 = empty).

@@ -19,6 +19,7 @@ from tasks.synth.base import (
     format_grid,
     parse_grid,
     parse_pairs,
+    uniqueness_check,
 )
 
 Cell = tuple[int, int]
@@ -62,6 +63,7 @@ def kukurasu_sums(grid: list[list[int]]) -> tuple[list[int], list[int]]:
     return rows, cols
 
 
+@uniqueness_check
 def count_kukurasu_solutions(row_sums: list[int], col_sums: list[int],
                              hints: dict[Cell, int], limit: int = 2) -> int:
     n, m = len(row_sums), len(col_sums)
@@ -158,6 +160,7 @@ class Kukurasu(SynthTask):
 
 # --- star placement (star battle, one star per row/column/region) ----------------------------
 
+@uniqueness_check
 def count_star_solutions(regions: list[list[int]], fixed: dict[int, int], limit: int = 2) -> int:
     n = len(regions)
     count = 0
@@ -270,6 +273,7 @@ def neighbors(r: int, c: int, rows: int, cols: int) -> list[Cell]:
     return [(r + dr, c + dc) for dr, dc in NEIGHBORS_8 if 0 <= r + dr < rows and 0 <= c + dc < cols]
 
 
+@uniqueness_check
 def count_mine_solutions(rows: int, cols: int, numbers: dict[Cell, int], hidden: list[Cell],
                          total: int, limit: int = 2) -> int:
     hidden_index = {cell: i for i, cell in enumerate(hidden)}
@@ -449,6 +453,7 @@ class NumberWall(SynthTask):
 
 # --- survo -----------------------------------------------------------------------------------
 
+@uniqueness_check
 def count_survo_solutions(grid: list[list[int]], row_sums: list[int], col_sums: list[int],
                           limit: int = 2) -> int:
     rows, cols = len(grid), len(grid[0])
@@ -578,6 +583,7 @@ def campsite_valid(tents: list[Cell], trees: list[Cell], n: int, row_counts: lis
     return tents_match_trees(tents, trees)
 
 
+@uniqueness_check
 def count_campsite_solutions(n: int, trees: list[Cell], row_counts: list[int], col_counts: list[int],
                              fixed: set[Cell], limit: int = 2) -> int:
     tree_set = set(trees)
