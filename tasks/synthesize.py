@@ -17,6 +17,7 @@ from typing import Any
 
 import polars as pl
 
+from data_specs import get_spec
 from tasks import tracking
 from tasks.synth.base import SynthTask, stable_int
 from tasks.synth.calibration import STATUS_TOO_HARD, Solver, calibrate_task
@@ -27,6 +28,7 @@ from warehouse import TableRef, Warehouse
 
 SYNTHETIC_TABLE = "synthetic_tasks"
 CALIBRATION_TABLE = "task_calibration"
+CALIBRATION_SAMPLES_TABLE = "calibration_samples"
 DECISIONS_TABLE = "decisions"
 DEDUP_STAGE = "synthesize_dedup"
 
@@ -185,10 +187,13 @@ def _write_synthesis(wh: Warehouse, results: list[dict[str, Any]], plan: list, c
 
 
 def run_synthesis(wh: Warehouse, cfg: SynthesizeConfig, per_task: int | None = None,
-                  tasks: list[str] | None = None, seed: int | None = None, mapper: Mapper | None = None) -> TableRef:
+                  tasks: list[str] | None = None, seed: int | None = None, mapper: Mapper | None = None,
+                  log: Callable[[str], None] | None = None) -> TableRef:
     """Fill ``synthetic_tasks`` (replacing its content) and return the new snapshot's ref.
 
-    ``per_task``, ``tasks`` and ``seed`` override the config when given.
+    ``per_task``, ``tasks`` and ``seed`` override the config when given. ``log`` hears which
+    tasks calibration left out (no valid band) and which have no calibration row (drawn at the
+    profile's levels).
     """
     per_task = cfg.per_task if per_task is None else per_task
     seed = cfg.seed if seed is None else seed
@@ -205,6 +210,13 @@ def run_synthesis(wh: Warehouse, cfg: SynthesizeConfig, per_task: int | None = N
             skipped.append(synth_task.name)
             continue
         plan.append((synth_task.name, levels, source, cfg.per_task_by_task.get(synth_task.name, per_task)))
+    unbanded = [name for name, _, source, _ in plan if source == "configured"] if calibration else []
+    if log and skipped:
+        log(f"synthesize: {len(skipped)} task(s) skipped, calibration found no level the strong solver "
+            f"solves (too_hard): {', '.join(skipped)}")
+    if log and unbanded:
+        log(f"synthesize: {len(unbanded)} task(s) have no calibration row and are drawn at the profile's "
+            f"levels: {', '.join(unbanded)}")
 
     with tracking.stage_run("synthesize", {"per_task": per_task, "seed": seed, "tasks": json.dumps(names)}) as run_id:
         results = _generate_all(plan, seed, cfg.max_draws_per_instance, cfg.split, mapper)
@@ -221,37 +233,88 @@ def solver_name(solver: Solver) -> str:
     return str(getattr(solver, "name", None) or getattr(solver, "__name__", None) or type(solver).__name__)
 
 
+def task_fingerprint(synth_task: SynthTask, cfg: SynthesizeConfig) -> list:
+    """What a task's calibration depends on of the task itself: its levels and the first probe
+    instance of each (a changed generator changes them)."""
+    from tasks.synth.calibration import probe_instances
+
+    ccfg = cfg.calibration
+    return [synth_task.name, synth_task.level_params(),
+            [probe_instances(synth_task, level, 1, ccfg.seed)[0].id for level in range(synth_task.n_levels)]]
+
+
+def calibration_key(synth_task: SynthTask, cfg: SynthesizeConfig, base_name: str, strong_name: str) -> str:
+    """A task's calibration stands while this is unchanged: the task, both solvers (names that
+    say which model, e.g. ``smol@<path>``) and the probe settings."""
+    settings = cfg.calibration.model_dump(exclude={"enabled"})
+    return f"{stable_int('calibration', task_fingerprint(synth_task, cfg), base_name, strong_name, settings):016x}"
+
+
 def run_calibration(wh: Warehouse, cfg: SynthesizeConfig, solver_base: Solver, solver_strong: Solver,
-                    tasks: list[str] | None = None) -> TableRef:
-    """Probe every task's levels with both solvers and store each task's band in
-    ``task_calibration`` (rows of tasks not recalibrated now are carried over)."""
+                    tasks: list[str] | None = None, log: Callable[[str], None] | None = None) -> TableRef:
+    """Store each task's band in ``task_calibration`` and the samples that decided it in
+    ``calibration_samples``. A task whose row holds the same ``calibration_key`` (same task, same
+    solvers, same settings) keeps it; the others are probed with both solvers. Rows of tasks not
+    asked about are carried over. ``log`` hears one line per task."""
     names = list(tasks) if tasks is not None else cfg.task_names(own_task_names())
     ccfg = cfg.calibration
     base_name, strong_name = solver_name(solver_base), solver_name(solver_strong)
-    new_rows = []
-    for name in names:
-        result = calibrate_task(get_task(name), solver_base, solver_strong, ccfg)
-        new_rows.append(result.to_row(ccfg, base_name, strong_name))
-    frame = pl.DataFrame(new_rows, schema={
-        "task": pl.Utf8, "n_levels": pl.Int64, "lower_level": pl.Int64, "upper_level": pl.Int64,
-        "status": pl.Utf8, "probes": pl.Utf8, "instances_per_level": pl.Int64,
-        "base_samples": pl.Int64, "strong_samples": pl.Int64, "strong_k": pl.Int64,
-        "base_solver": pl.Utf8, "strong_solver": pl.Utf8,
-    })
     previous = wh.latest(CALIBRATION_TABLE)
-    parents: tuple[TableRef, ...] = ()
+    before = {r["task"]: r for r in wh.read_ref(previous).to_dicts()} if previous is not None else {}
+    rows, samples, probed = [], [], []
+    for name in names:
+        synth_task = get_task(name)
+        key = calibration_key(synth_task, cfg, base_name, strong_name)
+        if (before.get(name) or {}).get("calibration_key") == key:
+            rows.append(before[name])
+            if log:
+                log(f"calibration {name}: unchanged since it was probed, levels "
+                    f"{before[name]['lower_level']}-{before[name]['upper_level']} ({before[name]['status']})")
+            continue
+        drawn: list[dict] = []
+        result = calibrate_task(synth_task, solver_base, solver_strong, ccfg, drawn)
+        rows.append({**result.to_row(ccfg, base_name, strong_name), "calibration_key": key})
+        names_of = {"base": base_name, "strong": strong_name}
+        samples += [{**d, "task": name, "calibration_key": key, "solver_name": names_of[d["solver"]]} for d in drawn]
+        probed.append(name)
+        if log:
+            log(f"calibration {name}: levels {result.lower_level}-{result.upper_level} ({result.status}) from "
+                f"{len(drawn)} samples over {len(result.probes)} level(s): "
+                + ", ".join(f"L{p.level} base {p.base_pass_rate:.2f} strong pass@{ccfg.strong_k} {p.strong_pass_at_k:.2f}"
+                            for p in result.probes))
+    frame = get_spec(CALIBRATION_TABLE).conform(pl.DataFrame(rows, infer_schema_length=None))
     if previous is not None:
-        kept = wh.read(CALIBRATION_TABLE, previous.snapshot).filter(~pl.col("task").is_in(names))
-        frame = pl.concat([kept.select(frame.columns), frame]).sort("task")
-        parents = (previous,)
-    ref = wh.write(CALIBRATION_TABLE, frame, parents=parents)
+        kept = get_spec(CALIBRATION_TABLE).conform(wh.read_ref(previous)).filter(~pl.col("task").is_in(names))
+        frame = pl.concat([kept, frame])
+    frame = frame.sort("task")
+    if previous is not None and not probed and frame.equals(get_spec(CALIBRATION_TABLE).conform(wh.read_ref(previous))):
+        ref = previous   # nothing probed, nothing changed: the standing snapshot
+    else:
+        ref = wh.write(CALIBRATION_TABLE, frame, parents=(previous,) if previous is not None else ())
+    if samples:
+        wh.append(CALIBRATION_SAMPLES_TABLE, get_spec(CALIBRATION_SAMPLES_TABLE).conform(
+            pl.DataFrame(samples, infer_schema_length=None)), parents=(ref,))
 
     with tracking.stage_run("calibrate", {"base_solver": base_name, "strong_solver": strong_name}):
-        metrics: dict[str, float] = {"tasks": len(new_rows)}
-        for row in new_rows:
+        metrics: dict[str, float] = {"tasks": len(rows), "tasks_probed": len(probed), "samples": len(samples)}
+        for row in rows:
             metrics[f"{row['task']}.lower_level"] = row["lower_level"]
             metrics[f"{row['task']}.upper_level"] = row["upper_level"]
-        metrics.update(Counter(f"status.{row['status']}" for row in new_rows))
+        metrics.update(Counter(f"status.{row['status']}" for row in rows))
         tracking.log_counters(metrics, prefix="calibration")
         tracking.log_table(ref, context="output")
     return ref
+
+
+def calibration_summary(wh: Warehouse, ref: TableRef, tasks: list[str]) -> list[dict[str, Any]]:
+    """Each task's band as the run summary shows it (``tasks`` in that order)."""
+    rows = {r["task"]: r for r in wh.read_ref(ref).to_dicts()}
+    return [{"task": t, "lower_level": rows[t]["lower_level"], "upper_level": rows[t]["upper_level"],
+             "n_levels": rows[t]["n_levels"], "status": rows[t]["status"]} for t in tasks if t in rows]
+
+
+def band_levels(band: dict[str, Any]) -> str:
+    """A calibrated band as a summary shows it: ``lower-upper``, or ``skipped`` (no valid band)."""
+    if band["status"] == STATUS_TOO_HARD:
+        return "skipped"
+    return f"{band['lower_level']}-{band['upper_level']}"

@@ -162,7 +162,38 @@ def test_run_calibration_writes_task_calibration(wh):
     assert table["base_solver"].to_list() == ["base"] * 3
     probes = json.loads(table.filter(table["task"] == "operation")["probes"][0])
     assert [p["level"] for p in probes][:3] == [0, 1, 2]
-    # recalibrating one task keeps the other rows and records lineage
-    ref2 = run_calibration(wh, cfg, base, strong, tasks=["operation"])
-    assert wh.read("task_calibration", ref2.snapshot).height == 3
+    # the samples that decided each band are kept: every response of both solvers, scored
+    samples = wh.read("calibration_samples")
+    assert set(samples["task"]) == set(names) and set(samples["solver"]) == {"base", "strong"}
+    assert samples["calibration_key"].n_unique() == 3 and samples.filter(samples["correct"])["score"].min() == 1.0
+    op = samples.filter((samples["task"] == "operation") & (samples["level"] == 2) & (samples["solver"] == "base"))
+    assert op.height == CFG.instances_per_level * CFG.base_samples and op["correct"].mean() == pytest.approx(0.4)
+    # incremental: the same tasks, solvers and settings are not probed again
+    calls = (base.calls, strong.calls)
+    assert run_calibration(wh, cfg, base, strong) == ref and (base.calls, strong.calls) == calls
+    # a changed solver recalibrates what it is asked about; the other rows carry over, with lineage
+    stronger = ScriptedSolver("strong-v2", strong_accuracy, names, CFG)
+    ref2 = run_calibration(wh, cfg, base, stronger, tasks=["operation"])
+    table2 = wh.read("task_calibration", ref2.snapshot).sort("task")
+    assert table2.height == 3 and stronger.calls > 0
+    assert table2.filter(table2["task"] == "operation")["strong_solver"].item() == "strong-v2"
+    assert table2.filter(table2["task"] != "operation")["calibration_key"].to_list() == \
+        table.filter(table["task"] != "operation")["calibration_key"].to_list()
     assert any(ref.snapshot in str(p) for p in wh.lineage("task_calibration", ref2.snapshot))
+
+
+def test_a_model_that_is_its_own_strong_solver_is_sampled_once_per_probe():
+    """No stronger model (the smol profile): the strong solver is the base one, each probe
+    instance is sampled strong_samples times once, and the base rate reads its first samples."""
+    cfg = CalibrationConfig(instances_per_level=2, base_samples=4, strong_samples=10, strong_k=10)
+    model = ScriptedSolver("smol", base_accuracy, ["operation"], cfg)
+    drawn = []
+    result = calibrate_task(get_task("operation"), model, model, cfg, drawn)
+    assert model.calls == len(result.probes)                    # one call per level probed
+    assert {d["solver"] for d in drawn} == {"strong"}
+    assert len(drawn) == len(result.probes) * cfg.instances_per_level * cfg.strong_samples
+    # ScriptedSolver puts the right answers first: 4 base samples at accuracy 0.8 are 4 of 4 right
+    assert result.probes[0].base_pass_rate == 1.0 and result.probes[2].base_pass_rate == 1.0
+    # level 3: 2 of 10 right, both among the first 4 (0.5, not below it); level 4: none, probing stops
+    assert result.probes[3].base_pass_rate == 0.5 and len(result.probes) == 5
+    assert (result.lower_level, result.upper_level, result.status) == (3, 3, "too_easy")

@@ -97,28 +97,53 @@ def test_runs_inside_a_prefect_flow_with_reasoning_gym(wh, home):
     assert wh.read("synthetic_tasks").equals(table)
 
 
-def test_calibration_flow_with_a_real_local_model_backend(home, monkeypatch):
+def test_calibration_flow_with_a_real_local_model_backend(home, monkeypatch, caplog):
     """`synthesize --calibrate` through real rollout backends (the tiny local model as both
-    solvers): probes land in task_calibration and synthesis follows the stored band."""
+    solvers): probes and the samples that decided them land in the warehouse, synthesis follows
+    the stored band and reports the task it skips, the summary shows the band, and a rerun with
+    the profile's own switch probes nothing it probed already."""
     for key, value in {"POSTTRAIN__SYNTHESIZE__CALIBRATION__INSTANCES_PER_LEVEL": "2",
                        "POSTTRAIN__SYNTHESIZE__CALIBRATION__BASE_SAMPLES": "2",
                        "POSTTRAIN__SYNTHESIZE__CALIBRATION__STRONG_SAMPLES": "2",
                        "POSTTRAIN__SYNTHESIZE__CALIBRATION__STRONG_K": "2",
-                       "POSTTRAIN__ROLLOUT__MAX_TOKENS": "12",
+                       "POSTTRAIN__SYNTHESIZE__CALIBRATION__MAX_TOKENS": "12",
                        "POSTTRAIN__ROLLOUT__REPETITION_WINDOW": "8"}.items():
         monkeypatch.setenv(key, value)
+    from flows.pipeline import run_summary_markdown
     from flows.synthesize import synthesize_flow
     from warehouse import Warehouse
     res = synthesize_flow(profile="tiny", home=str(home), per_task=2, tasks=["word_sorting"],
                           calibrate=True, strong_model="tiny-llama")
     wh = Warehouse(home)
     cal = wh.read("task_calibration").row(0, named=True)
-    assert cal["task"] == "word_sorting" and cal["base_solver"] == "base:tiny-llama"
-    assert cal["strong_solver"] == "strong:tiny-llama"
+    assert cal["task"] == "word_sorting" and cal["base_solver"].startswith("base:tiny-llama@")
+    assert cal["strong_solver"].startswith("strong:tiny-llama@") and cal["calibration_key"]
     probes = json.loads(cal["probes"])
     assert probes and all("level" in p for p in probes)
     assert set(res["tables"]) == {"task_calibration", "synthetic_tasks"}
+    samples = wh.read("calibration_samples")
+    assert samples.height == len(probes) * 2 * (2 + 2) and set(samples["solver"]) == {"base", "strong"}
     # a random model solves nothing even at level 0: the task is too hard for it, and
-    # synthesis (skip_too_hard) draws no instances of it
+    # synthesis (skip_too_hard) draws no instances of it, and says so
     assert cal["status"] == "too_hard"
     assert res["instances"] == 0 and wh.read("synthetic_tasks").height == 0
+    assert res["calibration"] == [{"task": "word_sorting", "lower_level": 0, "upper_level": 0, "n_levels": cal["n_levels"],
+                                   "status": "too_hard"}]
+    summary = run_summary_markdown({"mlflow_run_id": "r", "report": "x", "synthesize": res})
+    assert "## Calibrated difficulty bands (M1)" in summary and "| word_sorting | skipped |" in summary
+
+    # the profile's switch, no strong model: the model is its own strong solver (a new key: probed
+    # again, sampled once per probe); then a rerun probes nothing
+    monkeypatch.setenv("POSTTRAIN__SYNTHESIZE__CALIBRATION__ENABLED", "true")
+    again = synthesize_flow(profile="tiny", home=str(home), per_task=2, tasks=["word_sorting"])
+    shared = wh.read("task_calibration").row(0, named=True)
+    assert shared["strong_solver"] == shared["base_solver"]          # the same model, named once
+    assert shared["calibration_key"] != cal["calibration_key"] and again["calibration"][0]["status"] == "too_hard"
+    grown = wh.read("calibration_samples").height
+    assert grown == samples.height + len(json.loads(shared["probes"])) * 2 * 2
+    with caplog.at_level("INFO", logger="prefect.flow_runs"):
+        synthesize_flow(profile="tiny", home=str(home), per_task=2, tasks=["word_sorting"])
+    assert wh.read("calibration_samples").height == grown
+    assert wh.read("task_calibration").row(0, named=True)["calibration_key"] == shared["calibration_key"]
+    assert any("unchanged since it was probed" in r.getMessage() for r in caplog.records)
+    assert any("skipped, calibration found no level" in r.getMessage() for r in caplog.records)

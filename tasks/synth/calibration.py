@@ -73,19 +73,35 @@ def probe_instances(task: SynthTask, level: int, n_instances: int, seed: int) ->
             for i in range(n_instances)]
 
 
-def probe_level(task: SynthTask, level: int, solver: Solver, n_instances: int, n_samples: int,
-                seed: int, correct_threshold: float = 1.0) -> list[tuple[int, int]]:
-    """(samples, correct samples) per probe instance of ``task`` at ``level``."""
+def _probe(task: SynthTask, level: int, solver: Solver, n_instances: int, n_samples: int,
+           seed: int) -> list[tuple[TaskInstance, list[str], list[float]]]:
+    """(instance, responses, scores) for each probe instance of ``task`` at ``level``."""
     instances = probe_instances(task, level, n_instances, seed)
     outputs = solver([inst.prompt for inst in instances], n_samples,
                      stable_int("calibration-solve", task.name, level, seed))
     if len(outputs) != len(instances):
         raise ValueError(f"solver returned {len(outputs)} rows for {len(instances)} prompts")
-    counts = []
-    for inst, samples in zip(instances, outputs):
-        correct = sum(task.verify(inst, s) >= correct_threshold for s in samples)
-        counts.append((len(samples), correct))
-    return counts
+    return [(inst, list(responses), [task.verify(inst, r) for r in responses])
+            for inst, responses in zip(instances, outputs)]
+
+
+def _counts(probed: list[tuple[TaskInstance, list[str], list[float]]], threshold: float,
+            first: int | None = None) -> list[tuple[int, int]]:
+    """(samples, correct samples) per instance, of its first ``first`` samples (all: None)."""
+    return [(len(scores[:first]), sum(x >= threshold for x in scores[:first])) for _, _, scores in probed]
+
+
+def _records(probed: list[tuple[TaskInstance, list[str], list[float]]], level: int, role: str,
+             threshold: float) -> list[dict]:
+    return [{"level": level, "solver": role, "instance_id": inst.id, "sample": i, "response": r,
+             "score": float(x), "correct": bool(x >= threshold)}
+            for inst, responses, scores in probed for i, (r, x) in enumerate(zip(responses, scores))]
+
+
+def probe_level(task: SynthTask, level: int, solver: Solver, n_instances: int, n_samples: int,
+                seed: int, correct_threshold: float = 1.0) -> list[tuple[int, int]]:
+    """(samples, correct samples) per probe instance of ``task`` at ``level``."""
+    return _counts(_probe(task, level, solver, n_instances, n_samples, seed), correct_threshold)
 
 
 def mean_pass_at_k(counts: list[tuple[int, int]], k: int) -> float:
@@ -118,14 +134,32 @@ def choose_band(probes: list[LevelProbe], base_band: tuple[float, float]) -> tup
     return upper, upper, STATUS_TOO_EASY
 
 
-def calibrate_task(task: SynthTask, base: Solver, strong: Solver, cfg: CalibrationConfig) -> CalibrationResult:
+def calibrate_task(task: SynthTask, base: Solver, strong: Solver, cfg: CalibrationConfig,
+                   samples: list[dict] | None = None) -> CalibrationResult:
+    """Probe ``task``'s levels, easiest first, until the strong solver fails
+    ``stop_after_unsolved`` in a row, and choose its band. When ``strong`` is ``base`` (no
+    stronger model: the model's own pass@k is the upper bound) each probe instance is sampled
+    once, ``strong_samples`` times, and the base pass rate reads the first ``base_samples``.
+    ``samples`` collects every response (``probe_level``)."""
     probes: list[LevelProbe] = []
     unsolved_run = 0
+    shared = strong is base
+    threshold = cfg.correct_threshold
     for level in range(task.n_levels):
-        base_counts = probe_level(task, level, base, cfg.instances_per_level, cfg.base_samples,
-                                  cfg.seed, cfg.correct_threshold)
-        strong_counts = probe_level(task, level, strong, cfg.instances_per_level, cfg.strong_samples,
-                                    cfg.seed + 1, cfg.correct_threshold)
+        if shared:
+            strong_probed = _probe(task, level, strong, cfg.instances_per_level,
+                                   max(cfg.strong_samples, cfg.base_samples), cfg.seed)
+            base_counts = _counts(strong_probed, threshold, cfg.base_samples)
+            drawn = _records(strong_probed, level, "strong", threshold)
+        else:
+            base_probed = _probe(task, level, base, cfg.instances_per_level, cfg.base_samples, cfg.seed)
+            strong_probed = _probe(task, level, strong, cfg.instances_per_level, cfg.strong_samples, cfg.seed + 1)
+            base_counts = _counts(base_probed, threshold)
+            drawn = _records(base_probed, level, "base", threshold) + _records(strong_probed, level, "strong",
+                                                                                threshold)
+        strong_counts = _counts(strong_probed, threshold)
+        if samples is not None:
+            samples += drawn
         probe = LevelProbe(level, len(base_counts), mean_pass_rate(base_counts),
                            mean_pass_at_k(strong_counts, cfg.strong_k))
         probes.append(probe)

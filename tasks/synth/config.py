@@ -7,6 +7,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class CalibrationConfig(BaseModel):
     """How levels are probed to find each task's M1 difficulty band."""
     model_config = ConfigDict(extra="forbid")
+    # run it in the synthesize stage (real-model profiles): a task is probed again only when the
+    # task, either model or these settings changed
+    enabled: bool = False
+    # the models probed, by name (as the rollout section names one); base None: the rollout's
+    # model; strong None: the base model itself, its pass@strong_k the upper bound (no stronger
+    # model runs here: each probe instance is then sampled once)
+    base_model: str | None = None
+    strong_model: str | None = None
+    max_tokens: int | None = Field(None, ge=1, description="tokens a probe sample may take (None: the rollout's)")
     instances_per_level: int = Field(16, ge=1)
     base_samples: int = Field(8, ge=1)          # samples per instance for the base pass rate
     strong_samples: int = Field(10, ge=1)       # samples per instance for the strong pass@k
