@@ -15,10 +15,13 @@ SYNLOGIC_FAMILIES = {
     "grid": {"sudoku", "futoshiki", "skyscraper", "kukurasu", "star_placement", "minesweeper",
              "number_wall", "calcudoko", "survo", "campsite"},
     "sequence": {"math_path", "arrow_maze", "time_sequence"},
-    "language": {"dyck_completion", "dyck_error", "word_sorting", "word_sorting_mistake",
-                 "boolean_expressions", "web_of_lies", "object_counting", "object_properties"},
+    "language": {"dyck_completion", "dyck_error", "dyck_reasoning_errors", "word_sorting", "word_sorting_mistake",
+                 "boolean_expressions", "web_of_lies", "object_counting", "object_properties", "wordscapes"},
     "cipher": {"cipher"},
     "exchange": {"goods_exchange"},
+    "logic": {"zebra_puzzle"},
+    "spatial": {"space_reasoning", "space_reasoning_tree"},
+    "planning": {"buckets"},
 }
 
 
@@ -61,7 +64,8 @@ def _fingerprint(names):
 
 def test_same_seed_and_level_give_the_same_instance_in_a_fresh_process():
     # a fresh interpreter has a different string-hash salt: ids must not depend on it
-    names = ["sudoku", "star_placement", "word_sorting", "cipher", "goods_exchange", "campsite"]
+    names = ["sudoku", "star_placement", "word_sorting", "cipher", "goods_exchange", "campsite", "zebra_puzzle",
+             "space_reasoning", "space_reasoning_tree", "buckets", "dyck_reasoning_errors", "wordscapes"]
     code = ("import json; from tests.test_synth_tasks import _fingerprint; "
             f"print(json.dumps(_fingerprint({names!r})))")
     env_out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

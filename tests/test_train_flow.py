@@ -61,7 +61,8 @@ def test_train_flow_runs_every_stage_with_child_runs_and_lineage(home, wh, monke
         assert any(d.dataset.name.startswith(("judge_data@", "sft_data@", "dpo_pairs@", "rl_prompts@"))
                    for d in run.inputs.dataset_inputs)
     rl_metrics = by_stage["rl"].data.metrics
-    assert {"rl.window", "rl.generation_perplexity", "rl.response_length_p99", "rl.groups_sampled"} <= set(rl_metrics)
+    assert {"rl.window", "rl.generation_perplexity", "rl.response_length_p99", "rl.groups_sampled",
+            "rl.level_mean"} <= set(rl_metrics)   # the level mix of the synthetic prompts drawn
     if rl_metrics["rl.groups_kept"] > 0:
         assert "rl.clip_fraction" in rl_metrics and "rl.entropy" in rl_metrics
 

@@ -26,9 +26,11 @@ from tasks.synth.placement_grids import (
     StarPlacement,
     Survo,
 )
+from tasks.synth.procedures import Buckets, DyckReasoningErrors, Wordscapes
 from tasks.synth.reasoning_gym_adapter import PREFIX as RG_PREFIX
 from tasks.synth.reasoning_gym_adapter import ReasoningGymTask
 from tasks.synth.sequences import ArrowMaze, MathPath, TimeSequence
+from tasks.synth.spatial import SpaceReasoning, SpaceReasoningTree, ZebraPuzzle
 
 OWN_TASK_CLASSES: tuple[type[SynthTask], ...] = (
     GameOf24, Cryptarithm, Operation,
@@ -38,6 +40,8 @@ OWN_TASK_CLASSES: tuple[type[SynthTask], ...] = (
     DyckCompletion, DyckErrorFinding, WordSorting, WordSortingMistake, BooleanExpressions,
     WebOfLies, ObjectCounting, ObjectProperties,
     Cipher, GoodsExchange,
+    ZebraPuzzle, SpaceReasoning, SpaceReasoningTree,
+    Buckets, DyckReasoningErrors, Wordscapes,
 )
 OWN_TASKS: dict[str, SynthTask] = {cls.name: cls() for cls in OWN_TASK_CLASSES}
 
