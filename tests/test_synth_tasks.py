@@ -11,9 +11,9 @@ from tasks.synth.base import TaskError, derive_rng, extract_answer, stable_int
 from tasks.synth.registry import OWN_TASKS, get_task, own_task_names
 
 SYNLOGIC_FAMILIES = {
-    "arithmetic": {"game_of_24", "cryptarithm", "operation"},
+    "arithmetic": {"game_of_24", "cryptarithm", "operation", "magic_square"},
     "grid": {"sudoku", "futoshiki", "skyscraper", "kukurasu", "star_placement", "minesweeper",
-             "number_wall", "calcudoko", "survo", "campsite"},
+             "number_wall", "calcudoko", "survo", "campsite", "norinori", "numbrix"},
     "sequence": {"math_path", "arrow_maze", "time_sequence"},
     "language": {"dyck_completion", "dyck_error", "dyck_reasoning_errors", "word_sorting", "word_sorting_mistake",
                  "boolean_expressions", "web_of_lies", "object_counting", "object_properties", "wordscapes"},
@@ -26,7 +26,7 @@ SYNLOGIC_FAMILIES = {
 
 
 def test_registry_covers_the_synlogic_families():
-    assert len(OWN_TASKS) >= 24
+    assert len(OWN_TASKS) >= 35   # SynLogic's published list
     for family, names in SYNLOGIC_FAMILIES.items():
         for name in names:
             assert OWN_TASKS[name].family == family, name
@@ -65,7 +65,8 @@ def _fingerprint(names):
 def test_same_seed_and_level_give_the_same_instance_in_a_fresh_process():
     # a fresh interpreter has a different string-hash salt: ids must not depend on it
     names = ["sudoku", "star_placement", "word_sorting", "cipher", "goods_exchange", "campsite", "zebra_puzzle",
-             "space_reasoning", "space_reasoning_tree", "buckets", "dyck_reasoning_errors", "wordscapes"]
+             "space_reasoning", "space_reasoning_tree", "buckets", "dyck_reasoning_errors", "wordscapes", "norinori",
+             "numbrix", "magic_square"]
     code = ("import json; from tests.test_synth_tasks import _fingerprint; "
             f"print(json.dumps(_fingerprint({names!r})))")
     env_out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

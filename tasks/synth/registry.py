@@ -29,6 +29,7 @@ from tasks.synth.placement_grids import (
 from tasks.synth.procedures import Buckets, DyckReasoningErrors, Wordscapes
 from tasks.synth.reasoning_gym_adapter import PREFIX as RG_PREFIX
 from tasks.synth.reasoning_gym_adapter import ReasoningGymTask
+from tasks.synth.region_grids import MagicSquare, Norinori, Numbrix
 from tasks.synth.sequences import ArrowMaze, MathPath, TimeSequence
 from tasks.synth.spatial import SpaceReasoning, SpaceReasoningTree, ZebraPuzzle
 
@@ -42,6 +43,7 @@ OWN_TASK_CLASSES: tuple[type[SynthTask], ...] = (
     Cipher, GoodsExchange,
     ZebraPuzzle, SpaceReasoning, SpaceReasoningTree,
     Buckets, DyckReasoningErrors, Wordscapes,
+    Norinori, Numbrix, MagicSquare,
 )
 OWN_TASKS: dict[str, SynthTask] = {cls.name: cls() for cls in OWN_TASK_CLASSES}
 
