@@ -136,6 +136,13 @@ def test_the_judge_builder_accounts_for_every_instance_it_was_offered(sft_side, 
     assert account.tasks_without_examples == ["no_such_task"]
     assert any("no_such_task" in r.getMessage() for r in caplog.records)
 
+    # a profile may choose the tasks that teach the judge: the others' instances are counted, not lost
+    chosen = JudgeAccount()
+    only = judge_sft_rows(side, per_task=20, seed=0, pairwise_share=0.5, account=chosen, tasks=["game_of_24"])
+    assert {e["source_id"] for e in only} == {r["id"] for r in rows[:6]}
+    assert only == [e for e in examples if e["source_id"] in {r["id"] for r in rows[:6]}]   # the same examples
+    assert chosen.skipped["task_not_chosen"] == 4 and chosen.offered == len(rows)
+
     report = BuildReport()
     judge_rows(Sources(wh, "judge_data"), TrainConfig(data={"judge_examples_per_task": 4,
                                                              "judge_pairwise_share": 0.5}), [], report)

@@ -254,6 +254,8 @@ class DataConfig(_Strict):
                              "capped by synthetic_per_task")
     judge_in_sft: bool = Field(
         False, description="also add the judge examples to sft_data: the policy is then its own judge (`model: policy`)")
+    judge_tasks: list[str] | None = Field(
+        None, description="the synthetic tasks whose SFT-side instances give judge examples (None: every one)")
     judge_pairwise_share: float = Field(
         0.2, ge=0.0, le=1.0, description="share of the judge examples that are pairwise (the rest are grade)")
     judge_open_pairs: int = Field(

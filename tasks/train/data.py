@@ -216,7 +216,7 @@ def judge_rows(src: Sources, cfg: TrainConfig, refs: list[TableRef], report: Bui
 
     account = JudgeAccount()
     rows = judge_sft_rows(synthetic_side(src, "sft", None, refs), cfg.data.judge_examples_per_task, cfg.seed,
-                          cfg.data.judge_pairwise_share, cfg.data.judge_max_chars, account)
+                          cfg.data.judge_pairwise_share, cfg.data.judge_max_chars, account, cfg.data.judge_tasks)
     if report is not None:
         for kind, count in account.counters().items():
             report.tally(kind, count)

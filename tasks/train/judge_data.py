@@ -168,8 +168,10 @@ def _pairwise_examples(task, candidates: Iterator[dict], wanted: int, rng: rando
 
 
 def judge_sft_rows(rows: dict[str, dict], per_task: int, seed: int, pairwise_share: float = 0.0,
-                   max_chars: int = DEFAULT_MAX_CHARS, account: JudgeAccount | None = None) -> list[dict]:
-    """Up to ``per_task`` judge examples per synthetic task from side rows (``side_rows``);
+                   max_chars: int = DEFAULT_MAX_CHARS, account: JudgeAccount | None = None,
+                   tasks: list[str] | None = None) -> list[dict]:
+    """Up to ``per_task`` judge examples per synthetic task from side rows (``side_rows``), of
+    ``tasks`` only when given (instances of the others are counted as ``task_not_chosen``);
     ``account`` (when given) gets what became of every instance, and the tasks that gave none."""
     if per_task <= 0:
         return []
@@ -179,6 +181,9 @@ def judge_sft_rows(rows: dict[str, dict], per_task: int, seed: int, pairwise_sha
     out: list[dict] = []
     for name, instances in sorted(_task_instances(rows).items()):
         account.offered += len(instances)
+        if tasks is not None and name not in tasks:
+            account.skipped["task_not_chosen"] += len(instances)
+            continue
         try:
             task = get_task(name)
         except Exception:  # noqa: BLE001 - an unknown task yields no judge examples, counted
