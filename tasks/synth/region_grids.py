@@ -24,6 +24,7 @@ from tasks.synth.base import (
     parse_pairs,
     uniqueness_check,
 )
+from tasks.synth.latin_grids import GRID_FORMAT
 
 Cell = tuple[int, int]
 NEIGHBORS_4 = ((0, 1), (1, 0), (0, -1), (-1, 0))
@@ -508,8 +509,8 @@ def solve_numbrix(givens: list[list[int]], limit: int = 2,
     return found
 
 
-def reveal_until_unique(rng: random.Random, solution: list[list[int]], givens: list[list[int]],
-                        solve: Callable[[list[list[int]]], list | None]) -> list[list[int]]:
+def reveal_where_solutions_differ(rng: random.Random, solution: list[list[int]], givens: list[list[int]],
+                                  solve: Callable[[list[list[int]]], list | None]) -> list[list[int]]:
     """Copy cells of ``solution`` into ``givens`` until ``solve(givens)`` (a list of up to two
     solutions, or None when it gave up) proves the solution unique: each round reveals a cell
     where the other solution found differs, or a random hidden cell when the solver gave up."""
@@ -582,14 +583,14 @@ class Numbrix(SynthTask):
         givens = [[0] * n for _ in range(n)]
         for i in rng.sample(range(n * n), p.start_givens):
             givens[i // n][i % n] = solution[i // n][i % n]
-        givens = reveal_until_unique(rng, solution, givens,
-                                     lambda g: solve_numbrix(g, 2, NUMBRIX_NODE_BUDGET))
+        givens = reveal_where_solutions_differ(rng, solution, givens,
+                                               lambda g: solve_numbrix(g, 2, NUMBRIX_NODE_BUDGET))
         question = (
             f"Numbrix on a {n}x{n} grid: write the numbers 1 to {n * n} in the cells, each exactly "
             f"once, so that every number from 1 to {n * n - 1} is orthogonally adjacent (up, "
             f"down, left or right) to the next one: together they trace one path through all "
             f"cells. Some numbers are given; _ is an empty cell.\n{format_grid(givens, blank=0)}\n"
-            f"Give the completed grid: one row per line, numbers separated by spaces."
+            f"{GRID_FORMAT}"
         )
         return question, format_grid(solution), {"givens": givens}
 
@@ -763,7 +764,8 @@ class MagicSquare(SynthTask):
         givens = [row[:] for row in square]
         for i in rng.sample(range(n * n), p.hidden):
             givens[i // n][i % n] = 0
-        givens = reveal_until_unique(rng, square, givens, lambda g: solve_magic(g, 2, MAGIC_NODE_BUDGET))
+        givens = reveal_where_solutions_differ(rng, square, givens,
+                                               lambda g: solve_magic(g, 2, MAGIC_NODE_BUDGET))
         target = n * (n * n + 1) // 2
         question = (
             f"Complete this {n}x{n} magic square: fill the blanks (_) so that the numbers 1 to "
