@@ -13,7 +13,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from warehouse import posttrain_home
+from warehouse.paths import posttrain_home
 
 COMPLETE_MARKERS = ("config.json", "tokenizer.json")
 

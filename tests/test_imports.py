@@ -105,3 +105,15 @@ def test_no_stage_imports_another_stage_and_no_shared_piece_imports_a_stage():
                 what = f"stage {me}" if me else "a shared piece"
                 wrong.append(f"{path.relative_to(ROOT)}:{line} ({what}) imports {name} (stage {other})")
     assert not wrong, "\n".join(sorted(set(wrong)))
+
+
+def test_the_rollout_engine_and_the_model_load_without_the_warehouse_libraries():
+    """A GPU machine carries the sampler, the model and the losses but not DuckDB or Polars
+    (bench/gpu_real_model.py runs there): importing them must not pull the warehouse's store."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import tasks.rollout.local, tasks.rollout.smol, model.logprobs, model.losses, model.loading; "
+            "print(sorted(m for m in ('duckdb', 'polars', 'prefect', 'mlflow', 'deepspeed') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
