@@ -107,6 +107,32 @@ def test_no_stage_imports_another_stage_and_no_shared_piece_imports_a_stage():
     assert not wrong, "\n".join(sorted(set(wrong)))
 
 
+def _tasks_package(module: str) -> str | None:
+    """The sub-package of tasks/ a module is in (``tasks.synth.base`` -> ``tasks.synth``); None
+    for a top-level module of tasks/ or anything outside it."""
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[0] == "tasks" and (ROOT / "tasks" / parts[1]).is_dir():
+        return ".".join(parts[:2])
+    return None
+
+
+def test_no_two_tasks_packages_import_each_other():
+    """Between the packages of tasks/ (synth, verify, genrm, rollout, train ...) arrows run one
+    way, imports inside functions included: a deferred import hides a cycle, it does not remove
+    it (synth's reasoning-gym scorer once reached up into verify, which dispatches to synth)."""
+    arrows: dict[tuple[str, str], str] = {}
+    for package, path, tree in _sources():
+        if package != "tasks":
+            continue
+        me = _tasks_package(_module(path))
+        for line, name in _imports(tree, top_level_only=False):
+            other = _tasks_package(name)
+            if me and other and other != me:
+                arrows.setdefault((me, other), f"{path.relative_to(ROOT)}:{line} imports {name}")
+    both = sorted(f"{a} <-> {b}: {arrows[(a, b)]}; {arrows[(b, a)]}" for a, b in arrows if (b, a) in arrows and a < b)
+    assert not both, "\n".join(both)
+
+
 def test_the_rollout_engine_and_the_model_load_without_the_warehouse_libraries():
     """A GPU machine carries the sampler, the model and the losses but not DuckDB or Polars
     (bench/gpu_real_model.py runs there): importing them must not pull the warehouse's store."""

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.verify.math import extract_final_answer, last_boxed, verify_math
+from tasks.synth.base import extract_final_answer, last_boxed
+from tasks.verify.math import verify_math
 from tasks.verify.registry import VerifyError, verify, verify_strict
 
 

@@ -106,6 +106,35 @@ def extract_answer(response: Any) -> str | None:
     return body or None
 
 
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced."""
+    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
+    if start < 0:
+        return None
+    i = text.index("{", start) + 1
+    depth, begin = 1, i
+    while i < len(text):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[begin:i].strip() or None
+        i += 1
+    return None  # unbalanced: the response was cut off inside the box
+
+
+def extract_final_answer(response: str) -> str | None:
+    """The last <answer> block, else the last \\boxed{}; None when the response has neither."""
+    if not isinstance(response, str):
+        return None
+    tagged = extract_answer(response)
+    if tagged is not None:
+        boxed = last_boxed(tagged)
+        return boxed if boxed is not None else tagged
+    return last_boxed(response)
+
+
 # --- small parsing helpers shared by the task families ------------------------------------
 
 _INT = re.compile(r"-?\d+")

@@ -22,6 +22,7 @@ from tasks.synth.base import (
     TaskInstance,
     TaskVerifyError,
     extract_answer,
+    extract_final_answer,
 )
 
 PREFIX = "rg:"
@@ -182,8 +183,6 @@ def score_ingested(meta: dict[str, Any], response: Any) -> float:
 
     Raises ``TaskVerifyError`` when the row cannot be rebuilt (unknown dataset, index out of
     range) or the scorer fails on the dataset's own answer."""
-    from tasks.verify.math import extract_final_answer
-
     try:
         dataset = _ingested_dataset(str(meta["rg_dataset"]), int(meta["rg_seed"]), int(meta["rg_size"]))
         entry = dataset[int(meta["rg_index"])]

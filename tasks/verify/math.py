@@ -16,42 +16,14 @@ import threading
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
-from tasks.synth.base import extract_answer as extract_answer_tag
+# the answer extractors live with the answer tag, below both synthesis and verification
+from tasks.synth.base import extract_final_answer
 
 _TIMEOUT_S = 5
 _EXTRACTION = (LatexExtractionConfig(), ExprExtractionConfig())
 # verdicts kept per process: a policy repeats its answers (a group of G samples, the same
 # prompt every epoch), and math-verify's LaTeX parse of one answer takes tens of milliseconds
 VERDICT_CACHE_SIZE = 65_536
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced."""
-    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
-    if start < 0:
-        return None
-    i = text.index("{", start) + 1
-    depth, begin = 1, i
-    while i < len(text):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[begin:i].strip() or None
-        i += 1
-    return None  # unbalanced: the response was cut off inside the box
-
-
-def extract_final_answer(response: str) -> str | None:
-    """The last <answer> block, else the last \\boxed{}; None when the response has neither."""
-    if not isinstance(response, str):
-        return None
-    tagged = extract_answer_tag(response)
-    if tagged is not None:
-        boxed = last_boxed(tagged)
-        return boxed if boxed is not None else tagged
-    return last_boxed(response)
 
 
 class MathVerifyTimeout(TimeoutError):
