@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Recipe = Literal["sft", "dpo", "rl"]
+# policy: a link of the chain of models that ends in the trained policy (each follows the one
+# before); judge: a GenRM judge, trained beside that chain, that references and RL grade with
+Role = Literal["policy", "judge"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class TrainStage:
     # prompts trains beside the judge instead of waiting for it
     genrm_after: tuple[str, ...] = ()
     optional: bool = False        # trained only when its table has rows (a profile may ask for none)
+    role: Role = "policy"
 
 
 TRAINING_TABLES: dict[str, TrainingTable] = {t.name: t for t in (
@@ -62,7 +66,8 @@ TRAIN_STAGES: tuple[TrainStage, ...] = (
     # the base model on verdicts its data can vouch for; profiles name it as a judge with
     # `model: judge`. Its own lineage: no policy stage follows it.
     TrainStage("judge", "sft", "judge_data", None, ("models",),
-               "the GenRM judge: SFT from the base model on gold-vs-rejected verdicts", optional=True),
+               "the GenRM judge: SFT from the base model on gold-vs-rejected verdicts", optional=True,
+               role="judge"),
     TrainStage("sft_short", "sft", "sft_data", None, ("models",),
                "SFT on examples up to the short length", _SHORT, after=("teacher",)),
     TrainStage("sft_long", "sft", "sft_data", "sft_short", ("models",),
@@ -76,28 +81,13 @@ TRAIN_STAGES: tuple[TrainStage, ...] = (
 )
 
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in TRAIN_STAGES)
-_BY_NAME = {s.name: s for s in TRAIN_STAGES}
 
 
 def train_stage(name: str) -> TrainStage:
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise ValueError(f"unknown training stage {name!r}; expected one of {list(STAGE_NAMES)}") from None
-
-
-def stages_of(recipe: Recipe) -> tuple[str, ...]:
-    """The stages a recipe trains, in order (``stages_of("sft") == ("sft_short", "sft_long")``)."""
-    return tuple(s.name for s in TRAIN_STAGES if s.recipe == recipe)
-
-
-def last_of(recipe: Recipe) -> str:
-    """The last stage a recipe trains (``last_of("sft") == "sft_long"``): what the next recipe
-    starts from, and a rung of the evaluation ladder."""
-    stages = stages_of(recipe)
-    if not stages:
-        raise ValueError(f"no training stage has recipe {recipe!r}")
-    return stages[-1]
+    for stage in TRAIN_STAGES:   # read at call time: a test may extend the registry
+        if stage.name == name:
+            return stage
+    raise ValueError(f"unknown training stage {name!r}; expected one of {[s.name for s in TRAIN_STAGES]}")
 
 
 def final_policy_stage() -> str:
@@ -108,6 +98,50 @@ def final_policy_stage() -> str:
     if len(ends) != 1:
         raise ValueError(f"the policy's stages do not form one chain: it ends at {ends}")
     return ends[0]
+
+
+def policy_chain() -> tuple[str, ...]:
+    """The policy's stages in training order, each starting from the one before
+    (``("sft_short", "sft_long", "dpo_short", "dpo_long", "rl")``); judges are not in it."""
+    final = final_policy_stage()
+    return (*reversed(earlier_stages(final)), final)
+
+
+def stages_of(recipe: Recipe) -> tuple[str, ...]:
+    """The policy's stages a recipe trains, in chain order (``stages_of("sft") == ("sft_short",
+    "sft_long")``: the judge, an SFT of its own lineage, is not a policy stage)."""
+    return tuple(n for n in policy_chain() if train_stage(n).recipe == recipe)
+
+
+def phase_ends() -> tuple[str, ...]:
+    """The last stage of each run of same-recipe stages along the policy chain: the evaluation
+    ladder's rungs (``("sft_long", "dpo_long", "rl")``; a DPO stage appended after RL adds a
+    fourth rung instead of replacing the second)."""
+    chain = policy_chain()
+    return tuple(n for i, n in enumerate(chain)
+                 if i + 1 == len(chain) or train_stage(chain[i + 1]).recipe != train_stage(n).recipe)
+
+
+def first_of(recipe: Recipe) -> str:
+    """The first policy stage a recipe trains (``first_of("dpo") == "dpo_short"``)."""
+    stages = stages_of(recipe)
+    if not stages:
+        raise ValueError(f"no training stage has recipe {recipe!r}")
+    return stages[0]
+
+
+def last_of(recipe: Recipe) -> str:
+    """The end of the recipe's first phase along the policy chain (``last_of("sft") ==
+    "sft_long"``): what the next recipe starts from. A stage of the same recipe after another
+    recipe (an SFT stage appended after RL) starts a new phase and does not move it."""
+    chain = policy_chain()
+    start = chain.index(first_of(recipe))
+    return next(n for n in phase_ends() if chain.index(n) >= start)
+
+
+def judge_stages() -> tuple[str, ...]:
+    """The stages that train a GenRM judge (``role="judge"``)."""
+    return tuple(s.name for s in TRAIN_STAGES if s.role == "judge")
 
 
 def stages_reading(table: str) -> tuple[str, ...]:

@@ -33,8 +33,9 @@ from data_specs.stages import (
     TRAIN_STAGES,
     TrainStage,
     final_policy_stage,
+    first_of,
+    judge_stages,
     last_of,
-    stages_of,
     train_stage,
 )
 from flows.audit import audit_flow
@@ -148,14 +149,14 @@ _WORK_STAGES = (
     # the policy's own samples for DPO pairs, from the model DPO starts from
     Stage("on_policy", lambda profile, home, refs: samples_flow("on_policy", profile=profile, home=home,
                                                                 sources=refs),
-          sections=("samples", "rollout"), after=("curate", "synthesize", train_stage("dpo_short").follows)),
+          sections=("samples", "rollout"), after=("curate", "synthesize", train_stage(first_of("dpo")).follows)),
     # after SFT (a judge set to `policy` is the SFT model) and the judge stage (`model: judge`)
     Stage("references", lambda profile, home, refs: references_flow(profile=profile, home=home, sources=refs),
-          sections=("references", "rollout"), after=("curate", last_of("sft"), "judge")),
+          sections=("references", "rollout"), after=("curate", last_of("sft"), *judge_stages())),
     # after DPO: with `difficulty.model: policy` it bands prompts by the model RL starts from
     Stage("difficulty", lambda profile, home, refs: difficulty_flow(profile=profile, home=home, sources=refs),
           sections=("difficulty", "rollout"),
-          after=("curate", "synthesize", train_stage(stages_of("rl")[0]).follows)),
+          after=("curate", "synthesize", train_stage(first_of("rl")).follows)),
 )
 _EVALUATE = Stage("evaluate", lambda profile, home, refs: evaluate_flow(profile=profile, home=home, sources=refs),
                   sections=("evaluate", "rollout"), after=(final_policy_stage(),))

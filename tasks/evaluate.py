@@ -23,7 +23,7 @@ from pathlib import Path
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from data_specs.stages import last_of
+from data_specs.stages import phase_ends
 from tasks.model_registry import audited_row, read_models, refuse_failed_audit
 from tasks.passk import pass_at_k
 from tasks.rollout.base import RolloutBackend, SamplingParams
@@ -46,7 +46,7 @@ class SyntheticHeldout(BaseModel):
     max_draws_per_instance: int = Field(4, ge=1, description="draws allowed per wanted instance")
 
 
-LADDER = ("base", last_of("sft"), last_of("dpo"), last_of("rl"))
+LADDER = ("base", *phase_ends())   # the model before training, then the end of each recipe phase
 
 
 class EvaluateConfig(VerifySettings):

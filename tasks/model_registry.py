@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import polars as pl
 
-from data_specs.stages import earlier_stages, stages_of
+from data_specs.stages import earlier_stages, first_of
 from warehouse import TableRef, Warehouse
 
 
@@ -65,7 +65,7 @@ def rl_start_model(wh: Warehouse, accept_failed_audit: bool = False,
     """The model the RL stage starts from: the newest ``models`` row of a policy stage before RL
     (as of the ``models`` snapshot handed over in ``sources``, else the newest); refused when its
     audit failed, unless accepted."""
-    before_rl = earlier_stages(stages_of("rl")[0])
+    before_rl = earlier_stages(first_of("rl"))
     models = read_models(wh, sources).filter(pl.col("stage").is_in(before_rl))
     if models.is_empty():
         raise LookupError(f"model {POLICY_MODEL!r}: no trained pre-RL stage in the `models` table of {wh.home}; "

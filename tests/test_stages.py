@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -508,3 +509,58 @@ def test_the_final_policy_stage_is_the_end_of_the_chain_not_the_last_name(monkey
     monkeypatch.setattr(stages, "TRAIN_STAGES", (*stages.TRAIN_STAGES, broken))
     with pytest.raises(ValueError, match="one chain"):
         stages.final_policy_stage()
+
+
+_ONE_FILE_PROBE = r"""
+import json, sys, types
+from pathlib import Path
+root, extra = Path(sys.argv[1]), sys.argv[2]
+sys.path.insert(0, str(root))
+import data_specs
+src = (root / "data_specs/stages.py").read_text()
+if extra != "none":   # the one edit a new stage takes: a TrainStage line in the registry
+    table = {"sft": "sft_data", "dpo": "dpo_pairs", "rl": "rl_prompts"}[extra]
+    line = f'    TrainStage("{extra}_final", "{extra}", "{table}", "rl", ("models",), "a stage after RL"),'
+    anchor = "\n)\n\nSTAGE_NAMES"
+    assert anchor in src
+    src = src.replace(anchor, "\n" + line + anchor, 1)
+module = types.ModuleType("data_specs.stages")
+module.__file__ = str(root / "data_specs/stages.py")
+sys.modules["data_specs.stages"] = data_specs.stages = module
+exec(compile(src, module.__file__, "exec"), module.__dict__)
+from flows.pipeline import STAGES
+from tasks.evaluate import LADDER
+
+from tasks.profile import load_profile
+from tasks.train.config import TrainConfig
+load_profile("tiny").section("train", TrainConfig)
+print(json.dumps({"after": {n: sorted(s.after) for n, s in STAGES.items()}, "ladder": list(LADDER)}))
+"""
+
+
+@pytest.mark.parametrize("recipe", ["sft", "dpo", "rl"])
+def test_a_stage_appended_after_rl_touches_one_file(recipe):
+    """Adding a training stage with an existing recipe after RL is one ``TrainStage`` line in
+    data_specs/stages.py: the pipeline still forms (no cycle), every other stage waits on what it
+    waited on before, evaluate follows the new end of the chain, and the evaluate ladder gains a
+    rung for a new phase (an SFT or DPO stage after RL) or moves RL's rung to the phase's new end."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+
+    def probe(extra: str) -> dict:
+        out = subprocess.run([sys.executable, "-c", _ONE_FILE_PROBE, str(root), extra], cwd=root,
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    before, after = probe("none"), probe(recipe)
+    new = f"{recipe}_final"
+    assert after["after"].pop(new) == ["rl"]
+    assert after["after"].pop("evaluate") == [new] and before["after"].pop("evaluate") == ["rl"]
+    assert after["after"].pop("audit") == sorted([*before["after"].pop("audit"), new])   # audit waits on all
+    assert after["after"] == before["after"]
+    assert before["ladder"] == ["base", "sft_long", "dpo_long", "rl"]
+    expected = ["base", "sft_long", "dpo_long", "rl", new] if recipe != "rl" else ["base", "sft_long", "dpo_long", new]
+    assert after["ladder"] == expected
