@@ -47,8 +47,10 @@ class BuildReport:
     """Counts of a builder: rows seen, kept, dropped by reason, and kept rows by kind (where
     their response came from: teacher, gold fallback, sampled or perturbed rejected side).
 
-    A builder that filters curated rows (``rl_prompts``) also lists each removed row as a
-    ``decisions`` row (``remove``); ``build_table`` appends them when the builder ran."""
+    Every builder also lists each row it leaves out as a ``decisions`` row (``remove``: the
+    row's prompt / instance id, the builder's ``decision_stage`` and the reason; the
+    example's or pair's own id as ``reference_id`` where it had one); ``build_table`` appends
+    them with the table. seen = kept + dropped, and dropped = the decisions listed."""
     seen: int = 0
     kept: int = 0
     dropped: dict[str, int] | None = None
@@ -66,6 +68,17 @@ class BuildReport:
         self.decisions.append({"row_id": str(row_id), "stage": stage, "decision": "removed", "reason": reason,
                                "reference_id": reference_id, "score": None})
 
+    def absorb(self, other: BuildReport) -> None:
+        """Take ``other``'s rows left out (counted in ``seen`` too, and listed) and its kinds."""
+        for reason, count in (other.dropped or {}).items():
+            self.seen += count
+            self.dropped = self.dropped or {}
+            self.dropped[reason] = self.dropped.get(reason, 0) + count
+        if other.decisions:
+            self.decisions = (self.decisions or []) + other.decisions
+        for kind, count in (other.kinds or {}).items():
+            self.tally(kind, count)
+
     def tally(self, kind: str, count: int = 1) -> None:
         self.kinds = self.kinds or {}
         self.kinds[kind] = self.kinds.get(kind, 0) + count
@@ -75,6 +88,11 @@ class BuildReport:
         out.update({f"dropped_{k}": float(v) for k, v in (self.dropped or {}).items()})
         out.update({k: float(v) for k, v in (self.kinds or {}).items()})
         return out
+
+
+def decision_stage(table: str) -> str:
+    """The ``decisions.stage`` of a row the builder of training table ``table`` leaves out."""
+    return f"train.{table}"
 
 
 class Sources:
@@ -135,10 +153,11 @@ def _cap_per_task(df: pl.DataFrame, cap: int | None) -> pl.DataFrame:
 
 
 def side_rows(src: Sources, side: str, cfg: TrainConfig, refs: list[TableRef],
-              capped: bool = True) -> dict[str, dict]:
+              capped: bool = True, report: BuildReport | None = None) -> dict[str, dict]:
     """Every row one side may train on, by id: its curated pool, then the synthetic
     instances assigned to it (at most ``data.synthetic_per_task`` per task unless not
-    ``capped``). Never raw ``prompts``: curation chose the text that trains."""
+    ``capped``; ``report`` gets those over the cap, ``over_synthetic_per_task``). Never raw
+    ``prompts``: curation chose the text that trains."""
     pool_name = POOL_TABLES[side]
     out: dict[str, dict] = {}
     pool, ref = src.read(pool_name)
@@ -147,13 +166,15 @@ def side_rows(src: Sources, side: str, cfg: TrainConfig, refs: list[TableRef],
         for r in pool.iter_rows(named=True):
             out[str(r["id"])] = {**r, "_table": pool_name}
     cap = cfg.data.synthetic_per_task if capped else None
-    for pid, r in synthetic_side(src, side, cap, refs).items():
+    for pid, r in synthetic_side(src, side, cap, refs, report).items():
         out.setdefault(pid, r)
     return out
 
 
-def synthetic_side(src: Sources, side: str, cap: int | None, refs: list[TableRef]) -> dict[str, dict]:
-    """The synthetic instances assigned to ``side`` by id (at most ``cap`` per task)."""
+def synthetic_side(src: Sources, side: str, cap: int | None, refs: list[TableRef],
+                   report: BuildReport | None = None) -> dict[str, dict]:
+    """The synthetic instances assigned to ``side`` by id (at most ``cap`` per task; ``report``
+    gets each one over the cap as removed, ``over_synthetic_per_task``)."""
     synth, sref = src.read("synthetic_tasks")
     if sref is None or synth.is_empty():
         return {}
@@ -161,7 +182,13 @@ def synthetic_side(src: Sources, side: str, cap: int | None, refs: list[TableRef
         raise ValueError(f"{sref} has no 'split' column (written before synthetic instances had a side): "
                          "re-run `posttrain synthesize`")
     refs.append(sref)
-    mine = _cap_per_task(synth.filter(pl.col("split") == side), cap)
+    offered = synth.filter(pl.col("split") == side)
+    mine = _cap_per_task(offered, cap)
+    if report is not None and mine.height < offered.height:
+        taken = set(mine["id"])
+        for r in offered.sort("id").iter_rows(named=True):
+            if r["id"] not in taken:
+                report.remove(r["id"], decision_stage(src.table), "over_synthetic_per_task", f"task:{r['task']}")
     return {r["id"]: {**r, "_table": "synthetic_tasks"} for r in mine.iter_rows(named=True)}
 
 
@@ -182,10 +209,11 @@ def sft_source_rows(src: Sources, cfg: TrainConfig, report: BuildReport | None =
     """Rows with (source_table, source_id, domain, prompt, response, response_source) from the
     SFT side: a prompt's verified teacher samples (up to ``data.teacher_samples_per_prompt``),
     else its gold answer in its domain's format when ``data.gold_fallback`` (for the domains in
-    ``data.gold_fallback_domains``; counted in ``report``), else none (``no_teacher_sample``)."""
+    ``data.gold_fallback_domains``; counted in ``report``), else none (``no_teacher_sample``).
+    ``report`` gets each prompt that gave no row as removed, with its reason."""
     refs: list[TableRef] = []
     rows = []
-    sft_side = side_rows(src, "sft", cfg, refs)
+    sft_side = side_rows(src, "sft", cfg, refs, report=report)
     teacher = kept_teacher_samples(src, refs)
     for pid, r in sft_side.items():
         base = {"source_table": r["_table"], "source_id": pid, "domain": r.get("domain") or "general",
@@ -202,7 +230,7 @@ def sft_source_rows(src: Sources, cfg: TrainConfig, report: BuildReport | None =
         if response:
             rows.append({**base, "response": response, "response_source": "gold"})
         elif report is not None:
-            report.drop("no_teacher_sample" if not fallback else "no_gold_answer")
+            report.remove(pid, decision_stage(src.table), "no_teacher_sample" if not fallback else "no_gold_answer")
     if cfg.data.judge_in_sft:  # the policy learns the GenRM judge's jobs too
         rows += judge_rows(src, cfg, [], report)
     return rows, refs
@@ -211,7 +239,8 @@ def sft_source_rows(src: Sources, cfg: TrainConfig, report: BuildReport | None =
 def judge_rows(src: Sources, cfg: TrainConfig, refs: list[TableRef], report: BuildReport | None = None) -> list[dict]:
     """The GenRM judge's examples on SFT-side synthetic instances (every one, not capped like
     the policy's own answer rows). ``report`` gets what became of the instances
-    (``judge_instances_*``, ``judge_tasks_without_examples``; ``judge_data.JudgeAccount``)."""
+    (``judge_instances_*``, ``judge_tasks_without_examples``; ``judge_data.JudgeAccount``), and
+    each instance that gave no example as removed (``judge_<why>``, the reference its task)."""
     from tasks.train.judge_data import JudgeAccount, judge_sft_rows, open_pair_rows
 
     account = JudgeAccount()
@@ -220,6 +249,8 @@ def judge_rows(src: Sources, cfg: TrainConfig, refs: list[TableRef], report: Bui
     if report is not None:
         for kind, count in account.counters().items():
             report.tally(kind, count)
+        for instance_id, why, task in account.removed:
+            report.remove(instance_id, decision_stage(src.table), f"judge_{why}", f"task:{task}" if task else None)
     if cfg.data.judge_open_pairs:
         pool, ref = src.read(POOL_TABLES["sft"])
         if ref is not None:
@@ -230,8 +261,10 @@ def judge_rows(src: Sources, cfg: TrainConfig, refs: list[TableRef], report: Bui
     return rows
 
 
-def _cap_per_stage(rows: list[dict], cap: int, report: BuildReport) -> list[dict]:
-    """At most ``cap`` rows per stage (short / long), in order; the rest counted as dropped."""
+def _cap_per_stage(rows: list[dict], cap: int, report: BuildReport, table: str, row_key: str,
+                   own_key: str) -> list[dict]:
+    """At most ``cap`` rows per stage (short / long), in order; the rest removed (``over_max_<stage>``),
+    each by its ``row_key`` (the prompt / instance) and ``own_key`` (the example / pair)."""
     seen: dict[str, int] = {}
     out = []
     for r in rows:
@@ -239,7 +272,7 @@ def _cap_per_stage(rows: list[dict], cap: int, report: BuildReport) -> list[dict
         if seen[r["stage"]] <= cap:
             out.append(r)
         else:
-            report.drop(f"over_max_{r['stage']}")
+            report.remove(r[row_key], decision_stage(table), f"over_max_{r['stage']}", r[own_key])
     return out
 
 
@@ -248,12 +281,7 @@ def build_sft_data(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFr
     unmatched = BuildReport()
     rows, refs = sft_source_rows(src, cfg, unmatched)
     frame, refs, report = _sft_frame(rows, refs, src.table, cfg, tokenizer)
-    for reason, count in (unmatched.dropped or {}).items():
-        report.seen += count
-        for _ in range(count):
-            report.drop(reason)
-    for kind, count in (unmatched.kinds or {}).items():   # the judge examples' instances
-        report.tally(kind, count)
+    report.absorb(unmatched)   # prompts and judge instances that gave no row, and the instances' counts
     return frame, refs, report
 
 
@@ -263,37 +291,44 @@ def build_judge_data(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.Data
     instances = BuildReport()
     rows = judge_rows(src, cfg, refs, instances) if cfg.data.judge_examples_per_task else []
     frame, refs, report = _sft_frame(rows, refs, src.table, cfg, tokenizer)
-    for kind, count in (instances.kinds or {}).items():
-        report.tally(kind, count)
+    report.absorb(instances)   # the instances that gave no example, and their counts
     return frame, refs, report
 
 
 def _sft_frame(rows: list[dict], refs: list[TableRef], table: str, cfg: TrainConfig,
                tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
     """Prompt/response rows as a table of SFT examples, each assigned by its token length to
-    the stage of ``table`` whose range holds it."""
+    the stage of ``table`` whose range holds it. A row left out is removed with its reason
+    (its ``source_id``, and the ``example_id`` it would have had); a row repeating an earlier
+    one (the same ``example_id``: the same source and text) is that row, kept once and counted
+    as ``duplicate_examples``, not as a row seen."""
     ranges = cfg.token_ranges(table)
-    report, out = BuildReport(seen=len(rows)), []
+    stage_name = decision_stage(table)
+    report, out, ids_seen = BuildReport(), [], set()
     for r in rows:
+        # a judge example's prompt is its own (answers in their slots): two pairs on one source differ by it
+        key = (r["prompt"],) if r.get("domain") == JUDGE_DOMAIN else ()
+        example_id = _stable_id(r["source_table"], r["source_id"], r["response"], *key)
+        if example_id in ids_seen:
+            report.tally("duplicate_examples")
+            continue
+        ids_seen.add(example_id)
+        report.seen += 1
         if not r["prompt"].strip() or not r["response"].strip():
-            report.drop("empty")
+            report.remove(r["source_id"], stage_name, "empty", example_id)
             continue
         ids, n_prompt = encode_example(tokenizer, r["prompt"], r["response"], r.get("domain"))
         stage = stage_of_length(len(ids), ranges)
         if stage is None:
-            report.drop("outside_length_ranges")
+            report.remove(r["source_id"], stage_name, "outside_length_ranges", example_id)
             continue
-        # a judge example's prompt is its own (answers in their slots): two pairs on one source differ by it
-        key = (r["prompt"],) if r.get("domain") == JUDGE_DOMAIN else ()
-        out.append({**r, "example_id": _stable_id(r["source_table"], r["source_id"], r["response"], *key),
+        out.append({**r, "example_id": example_id,
                     "stage": stage, "num_tokens": len(ids), "response_tokens": len(ids) - n_prompt})
-    out = _cap_per_stage(out, cfg.data.max_sft_examples, report)
+    out = _cap_per_stage(out, cfg.data.max_sft_examples, report, table, "source_id", "example_id")
     report.kept = len(out)
     for r in out:
         report.tally(f"source_{r['response_source']}")
     frame = pl.DataFrame(out, infer_schema_length=None) if out else pl.DataFrame()
-    if not frame.is_empty():
-        frame = frame.unique("example_id", keep="first", maintain_order=True)
     return frame, refs, report
 
 
@@ -353,43 +388,52 @@ def _perturbed_negative(row: dict, seed: int) -> tuple[str | None, str | None]:
 
 
 def build_dpo_pairs(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
+    """The ``dpo_pairs`` frame: one pair per SFT-side prompt that has a chosen and a rejected
+    side, by the longer side's token length in the DPO stage whose range holds it. Every other
+    prompt is removed with its reason (``decision_stage``), its ``pair_id`` as the reference
+    where the pair was made."""
     refs: list[TableRef] = []
-    prompts = side_rows(src, "sft", cfg, refs)   # DPO trains on the SFT side only
+    report, stage_name = BuildReport(), decision_stage(src.table)
+    prompts = side_rows(src, "sft", cfg, refs, report=report)   # DPO trains on the SFT side only
     # rollouts sampled outside training (the RL stage keeps its own in rl_rollouts, never read here)
     rollouts, rref = src.read("rollouts")
     refs += [rref] if rref is not None else []
     chosen = _chosen_candidates(rollouts, prompts)
     rejected = _rejected_candidates(rollouts)
     ranges = cfg.token_ranges(src.table)
-    report, out = BuildReport(seen=len(chosen)), []
+    report.seen, out = len(prompts) + len(report.decisions or []), []   # those over the cap were offered too
+    for pid in prompts:
+        if pid not in chosen:   # no correct rollout and no gold answer to show
+            report.remove(pid, stage_name, "no_chosen")
     for pid, (good, good_source) in chosen.items():
         row = prompts.get(pid)
         if row is None:
-            report.drop("prompt_not_found")
+            report.remove(pid, stage_name, "prompt_not_found")
             continue
         domain = row.get("domain") or "general"
         checkable = cfg.data.verify_chosen and domain in ("math", "logic")
         if checkable:
             score, error = verify_with_error(domain, row, good)
             if score < 1.0:   # a verifier that failed is counted apart from a chosen side it rejected
-                report.drop("chosen_verify_error" if error else "chosen_not_verified")
+                report.remove(pid, stage_name, "chosen_verify_error" if error else "chosen_not_verified")
                 continue
         bad, bad_source, why = rejected.get(pid), "rollout_wrong", None
         if bad is None and cfg.data.dpo_perturbed_negatives:
             (bad, why), bad_source = _perturbed_negative(row, cfg.seed), "perturbed"
         if bad is None:
-            report.drop(f"no_rejected_{why}" if why else "no_rejected")
+            report.remove(pid, stage_name, f"no_rejected_{why}" if why else "no_rejected")
             continue
+        pair_id = _stable_id(pid, good, bad)
         longest = max(len(encode_example(tokenizer, row["prompt"], text, domain)[0]) for text in (good, bad))
         stage = stage_of_length(longest, ranges)
         if stage is None:
-            report.drop("outside_length_ranges")
+            report.remove(pid, stage_name, "outside_length_ranges", pair_id)
             continue
-        out.append({"pair_id": _stable_id(pid, good, bad), "stage": stage, "prompt_id": pid,
+        out.append({"pair_id": pair_id, "stage": stage, "prompt_id": pid,
                     "source_table": row["_table"], "domain": domain, "prompt": row["prompt"],
                     "chosen": good, "rejected": bad, "chosen_source": good_source,
                     "rejected_source": bad_source, "num_tokens": longest})
-    out = _cap_per_stage(out, cfg.data.max_dpo_pairs, report)
+    out = _cap_per_stage(out, cfg.data.max_dpo_pairs, report, src.table, "prompt_id", "pair_id")
     report.kept = len(out)
     for r in out:
         report.tally(f"chosen_{r['chosen_source']}")
@@ -401,7 +445,7 @@ def build_dpo_pairs(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataF
 
 
 # the ``decisions.stage`` of an RL-side row the rl_prompts builder leaves out
-RL_PROMPTS_STAGE = "train.rl_prompts"
+RL_PROMPTS_STAGE = decision_stage("rl_prompts")
 
 RL_VERIFIER_FIELDS = ("answer", "solution", "tests", "entry_point", "task", "level", "seed", "question",
                       "metadata")

@@ -29,9 +29,10 @@ Rows are shaped like every other ``sft_data`` source row, with ``domain = "judge
 their prompt *contains* the instance's prompt instead of equalling it.
 
 Nothing is skipped unseen: a ``JudgeAccount`` says what became of every instance offered (used,
-skipped with its reason, or left over once its task had its examples) and names the tasks that
-gave no example at all. A reasoning-gym task's wrong answer is an edit of its gold that the
-dataset's own ``score_answer`` rejects.
+skipped with its reason, or left over once its task had its examples), names the tasks that
+gave no example at all, and lists each instance that gave none by id with its reason (the
+builder writes them as ``decisions`` rows). A reasoning-gym task's wrong answer is an edit of
+its gold that the dataset's own ``score_answer`` rejects.
 """
 from __future__ import annotations
 
@@ -62,12 +63,26 @@ DEFAULT_MAX_CHARS = JudgeConfig().max_response_chars
 class JudgeAccount:
     """What became of the synthetic instances offered to the judge builder: ``used`` (they gave
     examples), ``skipped`` by reason, ``unused`` (their task had its examples before they were
-    reached); and the tasks that gave none. offered = used + skipped + unused."""
+    reached); and the tasks that gave none. offered = used + skipped + unused.
+
+    ``removed``: each instance that gave no example, as (instance id, reason, task), the reason
+    one of ``skipped``'s or ``unused``: one entry per instance skipped or unused."""
     offered: int = 0
     used: int = 0
     unused: int = 0
     skipped: Counter = field(default_factory=Counter)
     tasks_without_examples: list[str] = field(default_factory=list)
+    removed: list[tuple[str, str, str | None]] = field(default_factory=list)
+
+    def skip(self, instance: dict, reason: str) -> None:
+        """An instance (a ``_task_instances`` row) that gave no example, and why."""
+        self.skipped[reason] += 1
+        self.removed.append((str(instance["_id"]), reason, instance.get("task")))
+
+    def leave(self, instances: list[dict]) -> None:
+        """Instances not reached: their task had its examples first."""
+        self.unused += len(instances)
+        self.removed += [(str(r["_id"]), "unused", r.get("task")) for r in instances]
 
     def counters(self) -> dict[str, int]:
         out = {"judge_instances_offered": self.offered, "judge_instances_used": self.used,
@@ -128,15 +143,15 @@ def _take(candidates: Iterator[dict], wanted: int, max_chars: int,
     out: list[dict] = []
     for r in candidates if wanted > 0 else ():
         if len(str(r.get("prompt") or "")) > max_chars:
-            account.skipped["too_long"] += 1
+            account.skip(r, "too_long")
             continue
         try:
             made = make(synth_instance(r), len(out))
         except _NoItem as why:
-            account.skipped[why.reason] += 1
+            account.skip(r, why.reason)
             continue
         except Exception:  # noqa: BLE001 - a row that cannot be rebuilt is skipped, counted
-            account.skipped["not_rebuilt"] += 1
+            account.skip(r, "not_rebuilt")
             continue
         account.used += 1
         out += [{"source_id": r["_id"], **ex} for ex in made]
@@ -182,15 +197,16 @@ def judge_sft_rows(rows: dict[str, dict], per_task: int, seed: int, pairwise_sha
     for name, instances in sorted(_task_instances(rows).items()):
         account.offered += len(instances)
         if tasks is not None and name not in tasks:
-            account.skipped["task_not_chosen"] += len(instances)
+            for r in instances:
+                account.skip(r, "task_not_chosen")
             continue
         try:
             task = get_task(name)
         except Exception:  # noqa: BLE001 - an unknown task yields no judge examples, counted
-            account.skipped["unknown_task"] += len(instances)
+            for r in instances:
+                account.skip(r, "unknown_task")
             account.tasks_without_examples.append(name)
             continue
-        before = account.used + sum(account.skipped.values())
         candidates = sorted(instances, key=lambda r: r["_id"])
         rng = random.Random(f"judge:{seed}:{name}")
         rng.shuffle(candidates)
@@ -198,7 +214,7 @@ def judge_sft_rows(rows: dict[str, dict], per_task: int, seed: int, pairwise_sha
         n_grade = 2 * (round(per_task * (1.0 - pairwise_share)) // 2)  # whole consistent/inconsistent pairs
         examples = _grade_examples(task, pending, n_grade, rng, max_chars, account)
         examples += _pairwise_examples(task, pending, per_task - n_grade, rng, max_chars, account)
-        account.unused += len(instances) - (account.used + sum(account.skipped.values()) - before)
+        account.leave(list(pending))   # every instance not pulled: its task had its examples first
         if not examples:
             account.tasks_without_examples.append(name)
         out += [{"source_table": "synthetic_tasks", "domain": JUDGE_DOMAIN, "response_source": "judge", **ex}
