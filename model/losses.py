@@ -104,6 +104,19 @@ def _broadcast_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch
     return advantages[:, None].expand_as(like) if advantages.dim() == 1 else advantages
 
 
+def truncated_is_weights(train_logp: torch.Tensor, sampler_logp: torch.Tensor, known: torch.Tensor,
+                         cap: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance sampling (TIS; Yao et al. 2025, "Your efficient RL framework secretly
+    brings you off-policy RL training"): each token's weight min(pi_train / pi_sampler, cap), the
+    correction for a sampler whose log-probs differ from the trainer's on the same weights (a bf16
+    engine, another kernel). ``known``: the tokens whose sampler log-prob was reported; the others
+    weigh 1. Returns (weights, {tis_weight_mean, tis_truncated_fraction} over the known tokens)."""
+    ratio = torch.exp(train_logp - sampler_logp)
+    weights = torch.where(known > 0, ratio.clamp(max=cap), torch.ones_like(ratio)).detach()
+    return weights, {"tis_weight_mean": masked_mean(weights, known).item(),
+                     "tis_truncated_fraction": masked_mean((ratio > cap).to(ratio.dtype), known).item()}
+
+
 def _group_token_mean(per_token: torch.Tensor, mask: torch.Tensor, group_size: int | None) -> torch.Tensor:
     """Sum of each group's counted terms / that group's token count, averaged over groups."""
     mask = mask.to(per_token.dtype)

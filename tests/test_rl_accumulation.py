@@ -261,3 +261,49 @@ def test_stale_rollouts_with_unknown_sampler_logprobs_keep_the_trainers_there(tm
     assert logged["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and logged["clip_fraction"] == 0.0, logged
     assert logged["approx_kl"] == pytest.approx(0.0, abs=1e-7)
     assert logged["train_infer_logprob_gap"] == pytest.approx(0.0, abs=1e-5)
+
+
+def test_truncated_importance_sampling_weights_each_token_by_the_capped_ratio(tmp_path):
+    """``rl.tis_cap``: where the sampler's log-probs differ from the trainer's on the same weights,
+    each token's advantage is weighted by min(pi_train / pi_sampler, cap). The update's gradient is
+    the one of per-token advantages so weighted; ``rl.max_logprob_gap`` flags the step."""
+    h = rl_harness(tmp_path, 0, updates=1)
+    h.stage_cfg = h.stage_cfg.model_copy(update={"tis_cap": 2.0, "max_logprob_gap": 0.1})
+    policy = tiny_policy()
+    reference = copy.deepcopy(policy)
+    engine = h.create_engine(policy)
+    real_steps = spy_on_real_steps(engine)
+    tensors, advantages = rollout_tensors()
+    with torch.no_grad():
+        old_logp = token_logprobs(reference, tensors["input_ids"], tensors["attention_mask"], tensors["labels"])[0]
+    mask = tensors["mask"]
+    # the sampler saw a third of the tokens 0.5 nats likelier (ratio e^-0.5) and a third 1.0 nats
+    # less likely (ratio e^1.0 = 2.72, over the cap 2)
+    shift = torch.zeros_like(mask)
+    shift.view(-1)[0::3], shift.view(-1)[1::3] = 0.5, -1.0
+    tensors["sampler_logp"] = (old_logp + shift) * mask
+    logged = _update(h, engine, tensors, advantages, EPS_HIGH)
+
+    weights = torch.exp(-shift).clamp(max=2.0)
+    assert logged["tis_weight_mean"] == pytest.approx(float((weights * mask).sum() / mask.sum()), rel=1e-5)
+    capped = float(((shift == -1.0) * mask).sum() / mask.sum())
+    assert logged["tis_truncated_fraction"] == pytest.approx(capped, rel=1e-5) and capped > 0.2
+    assert logged["logprob_gap_exceeded"] == 1.0 and logged["train_infer_logprob_gap"] > 0.1
+    _, truth, _ = minibatch_loss_and_gradient(reference, real_steps[0]["weights"], list(range(len(advantages))),
+                                              tensors, old_logp, advantages[:, None] * weights, GROUP_SIZE)
+    _, untouched, _ = minibatch_loss_and_gradient(reference, real_steps[0]["weights"], list(range(len(advantages))),
+                                                  tensors, old_logp, advantages, GROUP_SIZE)
+    for name, grad in truth.items():
+        torch.testing.assert_close(real_steps[0]["grads"][name], grad, rtol=1e-5, atol=1e-6)
+    assert any(not torch.allclose(truth[n], untouched[n], atol=1e-6) for n in truth)
+
+
+def test_without_tis_the_update_ignores_the_samplers_logprobs_and_no_flag_is_raised(tmp_path):
+    h = rl_harness(tmp_path, 0, updates=1)
+    h.stage_cfg = h.stage_cfg.model_copy(update={"max_logprob_gap": 10.0})
+    engine = h.create_engine(tiny_policy())
+    tensors, advantages = rollout_tensors()
+    tensors["sampler_logp"] = tensors["sampler_logp"] - 0.3 * tensors["mask"]
+    logged = _update(h, engine, tensors, advantages, EPS_HIGH)
+    assert logged["logprob_gap_exceeded"] == 0.0 and "tis_weight_mean" not in logged
+    assert logged["ratio_mean"] == pytest.approx(1.0, abs=1e-5)

@@ -191,6 +191,13 @@ class RLStageConfig(StageCommon):
     # each synthetic task's levels in the pool, easiest first, cut into this many sliding windows
     # (tasks.synth.calibration.curriculum_levels); 1: every phase draws every level
     level_windows: int = Field(1, ge=1)
+    tis_cap: float | None = Field(
+        None, gt=0, description="truncated importance sampling: weight each token's advantage by "
+                                "min(pi_train / pi_sampler, tis_cap) where the sampler's log-probs differ from the "
+                                "trainer's own (a bf16 engine, another kernel); None: off")
+    max_logprob_gap: float | None = Field(
+        None, gt=0, description="flag a step whose mean |trainer - sampler| token log-prob gap exceeds this "
+                                "(metric logprob_gap_exceeded and a warning); None: not checked")
     max_prompts: int | None = Field(None, ge=1, description="cap on the RL pool size")
     verify_workers: int = Field(
         2, ge=1, description="threads verifying a sampling round's responses on rank 0 (math answers decided in "

@@ -27,7 +27,13 @@ import torch
 from data_specs import get_spec
 from model.config import IGNORE_INDEX
 from model.logprobs import SharedLogprobs, response_logprobs
-from model.losses import group_advantages, informative_groups, masked_mean, policy_loss
+from model.losses import (
+    group_advantages,
+    informative_groups,
+    masked_mean,
+    policy_loss,
+    truncated_is_weights,
+)
 from tasks.genrm.length_bias import LengthBiasMonitor, LengthCorrection
 from tasks.genrm.references import current_references
 from tasks.rollout.base import RolloutBackend, SamplingParams
@@ -315,11 +321,21 @@ def _update(h: StageHarness, engine, tensors: dict, advantages: torch.Tensor, ep
     # M1 traced RL failures to a training/inference log-prob gap (LM head precision): keep it
     # visible (with stale rollouts it also holds the drift of the updates since they were sampled)
     known = tensors.get("sampler_logp_known", tensors["mask"])
-    sums: dict[str, float] = {
-        "train_infer_logprob_gap": masked_mean((old_logp - tensors["sampler_logp"]).abs(), known).item(),
-        **split_accounting([rows for rows, _ in plan], accumulation)}
+    gap = masked_mean((old_logp - tensors["sampler_logp"]).abs(), known).item()
+    sums: dict[str, float] = {"train_infer_logprob_gap": gap, **split_accounting([rows for rows, _ in plan], accumulation)}
+    if cfg.max_logprob_gap is not None:
+        sums["logprob_gap_exceeded"] = float(gap > cfg.max_logprob_gap)
+        if gap > cfg.max_logprob_gap:
+            log.warning("train/inference log-prob gap %.4f exceeds rl.max_logprob_gap %.4f (sampler and trainer "
+                        "disagree on the same tokens: precision, kernels or stale weights)", gap, cfg.max_logprob_gap)
     if stale:   # a token whose sampler log-prob is unknown keeps the trainer's, the nearest there is
         old_logp = torch.where(known > 0, tensors["sampler_logp"], old_logp) * tensors["mask"]
+    elif cfg.tis_cap is not None:
+        # the trainer's log-probs are the behaviour policy; TIS corrects for the sampler's differing
+        weights, tis_stats = truncated_is_weights(old_logp, tensors["sampler_logp"], known * tensors["mask"],
+                                                  cfg.tis_cap)
+        advantages = advantages[:, None] * weights
+        sums.update(tis_stats)
     passes = [(epoch, rows, micro) for epoch in range(cfg.epochs_per_batch) for rows, micro in plan]
     for epoch, rows, micro_batches in passes:
         stats = _minibatch_step(engine, cfg, tensors, rows, micro_batches, old_logp, advantages, eps_high)
