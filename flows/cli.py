@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -29,8 +30,27 @@ app.add_typer(profile_app, name="profile")
 console = Console()
 err_console = Console(stderr=True)
 
-ProfileOpt = typer.Option("tiny", "--profile", "-p", help="profile name or directory")
-HomeOpt = typer.Option(None, "--home", help="data directory (default $POSTTRAIN_HOME or ./.posttrain)")
+
+def _known_profile(name: str) -> str:
+    """An unknown profile is a bad argument, said before a flow (and its Prefect API) starts."""
+    from tasks.profile import available_profiles, configs_dir
+    if not Path(name).is_dir() and not (configs_dir() / "profiles" / name).is_dir():
+        raise typer.BadParameter(f"unknown profile {name!r}; available: {available_profiles()}")
+    return name
+
+
+ProfileOpt = typer.Option("tiny", "--profile", "-p", help="profile name or directory", callback=_known_profile)
+
+
+def _home_dir(home: str | None) -> str | None:
+    """A --home that is a file is a bad argument (else: "File exists" from whatever makes a directory in it)."""
+    if home is not None and Path(home).exists() and not Path(home).is_dir():
+        raise typer.BadParameter(f"{home}: not a directory")
+    return home
+
+
+HomeOpt = typer.Option(None, "--home", help="data directory (default $POSTTRAIN_HOME or ./.posttrain)",
+                       callback=_home_dir)
 AcceptFailedAuditOpt = typer.Option(False, "--accept-failed-audit",
                                     help="use a model whose training-data audit failed (it is refused otherwise)")
 
@@ -179,7 +199,8 @@ def samples(
 @app.command()
 def references(
     prompt: list[str] = typer.Option([], "--prompt", help="extra open prompt text (repeatable)"),
-    labelled: list[Path] = typer.Option([], "--labelled", help="labelled judge benchmark files"),
+    labelled: list[Path] = typer.Option([], "--labelled", help="labelled judge benchmark files", exists=True,
+                                        dir_okay=False),
     profile: str = ProfileOpt, home: str | None = HomeOpt,
 ):
     """Judge candidate answers with the GenRM in Swiss rounds and store the best reference per prompt."""
@@ -199,6 +220,13 @@ def references(
 _STAGE_HELP = " | ".join(STAGE_NAMES) + " (default: all)"
 
 
+def _known_stages(chosen: list[str], known: list[str]) -> None:
+    """An unknown --stage is a bad argument, said before a flow (and its Prefect API) starts."""
+    unknown = [s for s in chosen if s not in known]
+    if unknown:
+        raise typer.BadParameter(f"unknown stage(s) {unknown}; known: {list(known)}", param_hint="'--stage'")
+
+
 @app.command()
 def train(
     stage: list[str] = typer.Option([], "--stage", help=_STAGE_HELP),
@@ -209,6 +237,7 @@ def train(
     """Train SFT short/long -> DPO short/long -> CISPO RL on DeepSpeed; register each model.
 
     Each model is registered after the audit of what it trained on; a failed audit stops here."""
+    _known_stages(stage, STAGE_NAMES)
     from flows.train import train_flow
     with _stage_progress():
         res = train_flow(profile=profile, home=home, stages=stage or None, resume=resume,
@@ -417,7 +446,8 @@ def run(profile: str = ProfileOpt, stage: list[str] = typer.Option([], "--stage"
         force: bool = typer.Option(False, "--force", help="re-run stages whose inputs and config are unchanged"),
         home: str | None = HomeOpt):
     """Run the full pipeline (or chosen stages) and print a summary."""
-    from flows.pipeline import pipeline_flow
+    from flows.pipeline import STAGES, pipeline_flow
+    _known_stages(stage, list(STAGES))
     t0 = time.time()
     with _stage_progress():
         res = pipeline_flow(profile=profile, stages=stage or None, home=home, force=force)
@@ -648,6 +678,29 @@ def _drain_run_logs(timeout_s: float = 30.0) -> None:
         pass
 
 
+class _NoRunTraceback(logging.Filter):
+    """Prefect logs a failed flow or task run with its traceback; on the console the command's
+    one ``error:`` line says what failed. The run's log (Prefect UI) keeps the traceback: its
+    API handler sits on the run's logger and formats the record before the root's console one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.name.startswith(("prefect.flow_runs", "prefect.task_runs")):
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def _quiet_run_tracebacks() -> None:
+    """``POSTTRAIN_TRACEBACK=1`` keeps the tracebacks on the console (debugging a stage)."""
+    if _command_name() not in _FLOW_COMMANDS or os.environ.get("POSTTRAIN_TRACEBACK") == "1":
+        return
+    import prefect.main  # noqa: F401  (sets up Prefect's logging, console handler included)
+    from prefect.logging.handlers import PrefectConsoleHandler
+    for logger in (logging.getLogger(), logging.getLogger("prefect")):
+        for handler in logger.handlers:
+            if isinstance(handler, PrefectConsoleHandler):
+                handler.addFilter(_NoRunTraceback())
+
+
 def _home_from_argv() -> str | None:
     """The ``--home`` a command was given (None: ``$POSTTRAIN_HOME`` or the default)."""
     args = sys.argv[1:]
@@ -693,9 +746,9 @@ def main() -> None:
     usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
     # The ephemeral Prefect API stops at exit while its event recorder may still be flushing;
     # the resulting CancelledError tracebacks are noise for a CLI user (runs are already final).
-    import logging
     logging.getLogger("prefect.server.services.task_run_recorder").setLevel(logging.CRITICAL)
     try:
+        _quiet_run_tracebacks()
         # standalone_mode=False *returns* the code of a typer.Exit a command raised (audit's 1)
         with _served_prefect():
             code = app(standalone_mode=False)
@@ -711,7 +764,7 @@ def main() -> None:
         err_console.print("aborted")
         sys.exit(130)
     except usage_error as e:
-        err_console.print(f"error: {e.format_message()}", highlight=False)
+        err_console.print(f"error: {e.format_message()}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except Terminated:
         sys.exit(143)
