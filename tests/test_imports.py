@@ -93,17 +93,22 @@ def _stage_of(module: str) -> str | None:
     return next((s for s in STAGE_MODULES if module == s or module.startswith(s + ".")), None)
 
 
+def _tasks_imports():
+    """(path, module, line, imported name) of every import in tasks/, deferred ones included."""
+    for package, path, tree in _sources():
+        if package == "tasks":
+            module = _module(path)
+            for line, name in _imports(tree, top_level_only=False):
+                yield path, module, line, name
+
+
 def test_no_stage_imports_another_stage_and_no_shared_piece_imports_a_stage():
     wrong = []
-    for package, path, tree in _sources():
-        if package != "tasks":
-            continue
-        me = _stage_of(_module(path))
-        for line, name in _imports(tree, top_level_only=False):
-            other = _stage_of(name)
-            if other is not None and other != me:
-                what = f"stage {me}" if me else "a shared piece"
-                wrong.append(f"{path.relative_to(ROOT)}:{line} ({what}) imports {name} (stage {other})")
+    for path, module, line, name in _tasks_imports():
+        me, other = _stage_of(module), _stage_of(name)
+        if other is not None and other != me:
+            what = f"stage {me}" if me else "a shared piece"
+            wrong.append(f"{path.relative_to(ROOT)}:{line} ({what}) imports {name} (stage {other})")
     assert not wrong, "\n".join(sorted(set(wrong)))
 
 
@@ -121,14 +126,10 @@ def test_no_two_tasks_packages_import_each_other():
     way, imports inside functions included: a deferred import hides a cycle, it does not remove
     it (synth's reasoning-gym scorer once reached up into verify, which dispatches to synth)."""
     arrows: dict[tuple[str, str], str] = {}
-    for package, path, tree in _sources():
-        if package != "tasks":
-            continue
-        me = _tasks_package(_module(path))
-        for line, name in _imports(tree, top_level_only=False):
-            other = _tasks_package(name)
-            if me and other and other != me:
-                arrows.setdefault((me, other), f"{path.relative_to(ROOT)}:{line} imports {name}")
+    for path, module, line, name in _tasks_imports():
+        me, other = _tasks_package(module), _tasks_package(name)
+        if me and other and other != me:
+            arrows.setdefault((me, other), f"{path.relative_to(ROOT)}:{line} imports {name}")
     both = sorted(f"{a} <-> {b}: {arrows[(a, b)]}; {arrows[(b, a)]}" for a, b in arrows if (b, a) in arrows and a < b)
     assert not both, "\n".join(both)
 
