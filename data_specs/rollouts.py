@@ -51,7 +51,15 @@ RL_ROLLOUTS = register(TableSpec(
                     check_reason="negative_policy_version",
                     description="optimizer steps behind the weights that sampled this row"),
              Column("staleness", pl.Int64, required=True, check=lambda c: c >= 0, check_reason="negative_staleness",
-                    description="optimizer steps the trainer was ahead of those weights when they sampled")],
+                    description="optimizer steps the trainer's weights were ahead of policy_version when it trained "
+                                "on this row (> 0: sampled ahead, asynchronously, or by a lagging engine)"),
+             Column("policy_version_last", pl.Int64, check=lambda c: c >= 0,
+                    check_reason="negative_policy_version",
+                    description="the version that sampled the last token: above policy_version for a partial "
+                                "rollout, whose generation went on across a weight update"),
+             Column("version_boundary", pl.Int64, check=lambda c: c >= 1, check_reason="version_boundary_below_1",
+                    description="a partial rollout's first token sampled by policy_version_last; null when one "
+                                "version sampled every token")],
 ))
 
 TEACHER_SAMPLES = register(TableSpec(

@@ -91,18 +91,74 @@ def test_rl_samples_from_an_engine_fed_each_update_and_survives_its_death(wh):
         os.kill(info["pid"], 0)   # the stage stopped its engine
 
 
-def test_a_lagging_engine_is_bounded_and_its_own_logprobs_are_the_behaviour_policy(wh):
+def test_an_engine_sampling_ahead_stays_within_the_staleness_bound(wh):
     cfg = engine_config()
-    cfg.rl.rollout_engine.max_staleness = 2          # one RL step (2 optimizer steps) behind at most
+    cfg.rl.rollout_engine.max_staleness = 2          # one RL step (2 optimizer steps): one batch ahead
+    assert cfg.rl.batches_ahead == 1
     sft_job = seeded_sft_job(wh, cfg)
     job = StageJob(stage="rl", home=str(wh.home), run_name="stale", profile="test", init_model=sft_job.init_model,
                    data_ref=str(wh.latest("rl_prompts")), config=cfg.model_dump(), fingerprint="stale")
     train_rl(StageHarness(job), reward_fn=lambda row, text, ids: 1.0 if ids and ids[0] % 2 == 0 else 0.0)
     curve = StageHarness(job).steps.records()
-    assert [r["policy_staleness"] for r in curve] == [0.0, 2.0, 0.0, 2.0, 0.0]   # pushed when it would exceed 2
+    # step s trains on the batch the engine sampled while step s-1 trained, with step s-1's weights
+    assert [r["policy_staleness"] for r in curve] == [0.0, 2.0, 2.0, 2.0, 2.0]
     rollouts = wh.read("rl_rollouts")
-    by_step = rollouts.group_by("step").agg(pl.col("staleness").first(), pl.col("policy_version").first()).sort("step")
-    assert by_step["staleness"].to_list() == [0, 2, 0, 2, 0]
-    assert by_step["policy_version"].to_list() == [0, 0, 4, 4, 8]
+    by_step = rollouts.group_by("step").agg(pl.col("staleness").unique(), pl.col("policy_version").unique()).sort("step")
+    assert by_step["staleness"].to_list() == [[0], [2], [2], [2], [2]]
+    assert by_step["policy_version"].to_list() == [[0], [0], [2], [4], [6]]
+    assert rollouts["version_boundary"].null_count() == rollouts.height   # no partial rollouts asked for
+    assert (rollouts["policy_version_last"] == rollouts["policy_version"]).all()
     # on a stale step the first update's ratio is the current policy over the sampler's: not 1
     assert all(abs(r["ratio_mean"] - 1.0) > 1e-4 for r in curve if r["policy_staleness"] > 0)
+    # weights streamed from memory: a push per step after the first, no directory written
+    assert [r["engine_syncs"] for r in curve] == list(range(STEPS))
+    assert all(r["engine_sync_bytes"] > 0 for r in curve[1:])
+    assert not list((job.stage_path / "engine_weights").glob("v*"))
+
+
+def _push(server, state_blob: bytes, version: int) -> dict:
+    response = httpx.post(f"{server.base_url}/weights/stream", params={"version": version}, content=state_blob,
+                          timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_partial_rollout_goes_on_under_the_next_pushed_weights_and_says_where(tmp_path):
+    from tasks.rollout.tiny_model import tiny_llama_path
+    from tasks.train.checkpoint import _state_blob
+
+    path = tiny_llama_path(home=tmp_path)
+    model, _ = load_causal_lm(path)
+    same = _state_blob(model)
+    for p in model.parameters():   # the next update's weights: every value changed
+        p.data.mul_(-1.0)
+    changed = _state_blob(model)
+    params = SamplingParams(n=4, temperature=1.0, max_tokens=6, seed=3)
+    with ServerProcess(path, threads=1) as server:
+        client = OpenAIBackend(OpenAIConfig(base_url=server.base_url))
+        assert _push(server, same, 1)["bytes"] > 0
+        whole = client.generate(["hello"], params, extra={"policy_version": 1})[0]
+        assert {(c.policy_version, c.version_boundary) for c in whole} == {(1, None)}
+        _push(server, changed, 2)   # stored; in force only where a request reaches for it
+        partial = client.generate(["hello"], params, extra={"policy_version": 1, "continue_at": 3})[0]
+        long = [(w, p) for w, p in zip(whole, partial) if len(p.token_ids) > 3]
+        assert long, "no sample ran past the switch"
+        for w, p in long:
+            assert (p.policy_version, p.policy_version_last, p.version_boundary) == (1, 2, 3)
+            # the first three tokens are the old weights' (the same draws as the whole rollout) ...
+            assert p.token_ids[:3] == w.token_ids[:3] and p.logprobs[:3] == pytest.approx(w.logprobs[:3], abs=1e-6)
+            # ... the fourth comes from the new weights' distribution
+            assert abs(p.logprobs[3] - w.logprobs[3]) > 1e-3
+        for p in partial:
+            if len(p.token_ids) <= 3:
+                assert (p.policy_version, p.version_boundary, p.last_version) == (1, None, 1)
+        assert httpx.get(f"http://{server.host}:{server.port}/health").json()["policy_version"] == 2
+        # a version already passed is refused, not sampled with the wrong weights
+        old = httpx.post(f"{server.base_url}/completions", json={"prompt": "hi", "policy_version": 1}, timeout=60)
+        assert old.status_code == 409 and "v2 is already in force" in old.json()["detail"]
+        bad = httpx.post(f"{server.base_url}/completions", json={"prompt": "hi", "continue_at": 2}, timeout=60)
+        assert bad.status_code == 422
+        wrong = httpx.post(f"{server.base_url}/weights/stream", params={"version": 3}, content=b"not safetensors",
+                           timeout=60)
+        assert wrong.status_code == 400 and "streamed state dict (v3)" in wrong.json()["detail"]
+        client.close()

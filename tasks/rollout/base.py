@@ -35,8 +35,18 @@ class Completion:
     # "stop" (EOS or stop string), "length" (max_tokens), "repetition" (early truncation)
     finish_reason: str = "stop"
     # the version of the weights that sampled it, when the backend reports one (a trainer-fed
-    # ``serve-model`` engine: the optimizer steps behind those weights)
+    # ``serve-model`` engine: the optimizer steps behind those weights); in a partial rollout,
+    # the version of its first token
     policy_version: int | None = None
+    # a partial rollout (its generation went on across a weight update): the version that sampled
+    # its tokens from ``version_boundary`` on; None when one version sampled every token
+    policy_version_last: int | None = None
+    version_boundary: int | None = None
+
+    @property
+    def last_version(self) -> int | None:
+        """The version of the weights that sampled the last token."""
+        return self.policy_version if self.version_boundary is None else self.policy_version_last
 
     @property
     def truncated(self) -> bool:

@@ -8,6 +8,7 @@ left-padded prefill over the batch, then one token per step reusing ``past_key_v
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,6 +98,16 @@ class _Sequence:
     prompt_ids: list[int]
 
 
+@dataclass(frozen=True)
+class WeightSwitch:
+    """New weights mid-generation (a partial rollout): ``apply()`` runs once, before the forward
+    whose logits sample token ``at`` of every sequence, so tokens ``[0, at)`` come from the weights
+    in force when generation began and the rest from the new ones. The KV cache of the earlier
+    tokens is kept (as PipelineRL's in-flight weight updates do), not recomputed."""
+    at: int
+    apply: Callable[[], None]
+
+
 class LocalBackend:
     """Batched sampling with a KV cache for a local causal LM (HF dir, GGUF, in-house)."""
 
@@ -132,7 +143,10 @@ class LocalBackend:
     def format_chat(self, messages: list[dict[str, str]]) -> str:
         return render_with_tokenizer(self.tokenizer, messages)
 
-    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompts: list[str], params: SamplingParams,
+                 switch: WeightSwitch | None = None) -> list[list[Completion]]:
+        """``params.n`` completions per prompt; with ``switch``, every sequence is sampled in one
+        batch (a second batch would begin under the switched weights)."""
         sequences = [
             _Sequence(i, ids)
             for i, ids in enumerate(self._encode_prompts(prompts))
@@ -142,10 +156,10 @@ class LocalBackend:
         order = sorted(range(len(sequences)), key=lambda s: -len(sequences[s].prompt_ids))
         generator = torch.Generator(device=self.device).manual_seed(params.seed)
         results: list[Completion | None] = [None] * len(sequences)
-        batch_size = self.config.batch_size
+        batch_size = self.config.batch_size if switch is None else max(1, len(order))
         for start in range(0, len(order), batch_size):
             batch = order[start : start + batch_size]
-            completions = self._sample_batch([sequences[s].prompt_ids for s in batch], params, generator)
+            completions = self._sample_batch([sequences[s].prompt_ids for s in batch], params, generator, switch)
             for s, completion in zip(batch, completions):
                 results[s] = completion
         grouped: list[list[Completion]] = [[] for _ in prompts]
@@ -256,7 +270,8 @@ class LocalBackend:
 
     @torch.inference_mode()
     def _sample_batch(
-        self, prompt_ids: list[list[int]], params: SamplingParams, generator: torch.Generator
+        self, prompt_ids: list[list[int]], params: SamplingParams, generator: torch.Generator,
+        switch: WeightSwitch | None = None,
     ) -> list[Completion]:
         device, batch = self.device, len(prompt_ids)
         logits, past, attention_mask, next_position = self._prefill(prompt_ids)
@@ -296,6 +311,8 @@ class LocalBackend:
             attention_mask = torch.cat(
                 [attention_mask, active[:, None].long()], dim=1
             )
+            if switch is not None and step + 1 == switch.at:
+                switch.apply()   # the next forward samples token ``at``: under the new weights
             logits, past = self._forward(tokens[:, None], attention_mask, next_position, past, prefill=False)
             next_position = next_position + 1
 

@@ -58,11 +58,14 @@ class OpenAIBackend:
             return render_with_tokenizer(self._tokenizer, messages)
         return render_chatml(messages)
 
-    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Completion]]:
-        group = self.config.prompts_per_request
+    def generate(self, prompts: list[str], params: SamplingParams, extra: dict | None = None,
+                 one_request: bool = False) -> list[list[Completion]]:
+        """``extra``: further body fields (a server's extensions, as the OpenAI SDK's ``extra_body``);
+        ``one_request``: every prompt in a single request (a server-side schedule then spans them all)."""
+        group = max(1, len(prompts)) if one_request else self.config.prompts_per_request
         starts = list(range(0, len(prompts), group))
         with ThreadPoolExecutor(max_workers=self.config.concurrency) as pool:
-            parts = pool.map(lambda s: self._generate_group(prompts[s:s + group], s, params), starts)
+            parts = pool.map(lambda s: self._generate_group(prompts[s:s + group], s, params, extra), starts)
             return [per_prompt for part in parts for per_prompt in part]
 
     # -- internals ------------------------------------------------------------------------
@@ -72,7 +75,8 @@ class OpenAIBackend:
             raise OpenAIBackendError(f"{self.config.base_url}/models lists no model")
         return models[0]["id"]
 
-    def _generate_group(self, prompts: list[str], first_index: int, params: SamplingParams) -> list[list[Completion]]:
+    def _generate_group(self, prompts: list[str], first_index: int, params: SamplingParams,
+                        extra: dict | None = None) -> list[list[Completion]]:
         """One request for a group of prompts; choices come back prompt-major (i * n + j)."""
         body = {
             "model": self.model_name, "prompt": prompts, "n": params.n,
@@ -82,16 +86,20 @@ class OpenAIBackend:
         }
         if params.stop:
             body["stop"] = list(params.stop)
+        body.update(extra or {})
         payload = self._request("POST", "/completions", json=body)
         choices = sorted(payload.get("choices") or [], key=lambda c: c.get("index", 0))
         if len(choices) != params.n * len(prompts):
             raise OpenAIBackendError(
                 f"server returned {len(choices)} choices for {len(prompts)} prompt(s) x n={params.n}")
         completions = [self._completion(c, params) for c in choices]
-        version = payload.get("policy_version")   # posttrain serve-model's extension
+        version = payload.get("policy_version")   # posttrain serve-model's extensions
         if version is not None:
-            for c in completions:
+            for choice, c in zip(choices, completions):
                 c.policy_version = int(version)
+                boundary = choice.get("version_boundary")
+                if boundary is not None and boundary < len(c.token_ids):   # repetition may cut before it
+                    c.version_boundary, c.policy_version_last = int(boundary), int(choice["policy_versions"][-1])
         return [completions[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
     def _completion(self, choice: dict, params: SamplingParams) -> Completion:

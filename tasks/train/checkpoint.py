@@ -117,6 +117,32 @@ def save_hf(engine, tokenizer, out_dir: Path, zero_stage: int, is_rank0: bool) -
         _write_hf(module, tokenizer, out_dir)
 
 
+def state_dict_bytes(engine, zero_stage: int, is_rank0: bool) -> bytes | None:
+    """The module's weights as one safetensors blob on rank 0, None on the others (a collective
+    under ZeRO-3, where params are sharded): a weight push without a file. A tensor sharing its
+    storage with one before it (a tied weight) is sent once, as ``save_pretrained`` does."""
+    module = engine.module
+    if zero_stage == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+            return _state_blob(module) if is_rank0 else None
+    return _state_blob(module) if is_rank0 else None
+
+
+def _state_blob(module) -> bytes:
+    from safetensors.torch import save
+
+    tensors, seen = {}, set()
+    for name, tensor in module.state_dict().items():
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if tensor.numel() and key in seen:
+            continue
+        seen.add(key)
+        tensors[name] = tensor.detach().contiguous()
+    return save(tensors)
+
+
 def _write_hf(module, tokenizer, out_dir: Path) -> None:
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -146,11 +146,22 @@ class GenRMRewardConfig(_Strict):
 class RolloutEngineConfig(_Strict):
     """Who samples the RL stage's rollouts. ``inprocess``: the training module itself (always
     the current weights). ``serve-model``: a separate ``posttrain serve-model`` process fed the
-    trainer's weights (saved as a Hugging Face directory, then loaded by POST /v1/weights)."""
+    trainer's weights (streamed from rank memory, or through a Hugging Face directory), which
+    can sample the next batches while the ranks train (``max_staleness``)."""
     kind: Literal["inprocess", "serve-model"] = "inprocess"
     max_staleness: int = Field(
-        0, ge=0, description="optimizer steps the engine's weights may lag the trainer's when it samples; "
-                             "0 pushes the weights before every sampling round that would otherwise be stale")
+        0, ge=0, description="policy versions (optimizer steps) a sample may lag the weights it is trained with. "
+                             "0: synchronous (the engine gets the weights before every step's sampling); "
+                             "k >= updates_per_batch x epochs_per_batch: the engine samples "
+                             "k // (updates_per_batch x epochs_per_batch) batches ahead while the ranks train")
+    partial_rollout_tokens: int | None = Field(
+        None, ge=1, description="partial rollouts (needs sampling ahead): a batch sampled ahead is sampled up to "
+                                "this many tokens with the weights it began under; its generations still running "
+                                "there continue under the next update's weights (each token's version is kept). "
+                                "None: every batch is sampled by one version")
+    weight_sync: Literal["stream", "disk"] = Field(
+        "stream", description="how weights reach the engine: 'stream' posts the state dict from rank memory "
+                              "(one safetensors blob, no file); 'disk' writes a Hugging Face directory it loads")
     device: str = Field("cpu", description="where the engine samples (cuda on a GPU machine)")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     threads: int | None = Field(1, ge=1, description="torch threads of the engine process")
@@ -218,7 +229,21 @@ class RLStageConfig(StageCommon):
         if max(windows) >= self.level_windows:
             raise ValueError(f"rl.curriculum level_window must be below rl.level_windows ({self.level_windows}), "
                              f"got {windows}")
+        engine = self.rollout_engine
+        if engine.partial_rollout_tokens is not None and self.batches_ahead == 0:
+            raise ValueError(f"rl.rollout_engine.partial_rollout_tokens needs batches sampled ahead: a serve-model "
+                             f"engine and max_staleness >= updates_per_batch x epochs_per_batch "
+                             f"({self.updates_per_batch * self.epochs_per_batch}), got kind {engine.kind!r}, "
+                             f"max_staleness {engine.max_staleness}")
         return self
+
+    @property
+    def batches_ahead(self) -> int:
+        """Batches the rollout engine samples ahead of the step training (0: synchronous): a batch
+        sampled d steps ahead is trained at most d x updates_per_batch x epochs_per_batch versions later."""
+        if self.rollout_engine.kind != "serve-model":
+            return 0
+        return self.rollout_engine.max_staleness // (self.updates_per_batch * self.epochs_per_batch)
 
 
 class BaseModelConfig(_Strict):

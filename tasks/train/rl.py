@@ -100,14 +100,8 @@ def _sample_groups(h: StageHarness, sampler, pool: list[dict], curriculum: Curri
         need = cfg.prompts_per_step - kept.num_groups
         if need <= 0:
             break
-        indices = curriculum.sample(step, need, round_)
-        rows = [pool[i] for i in indices]
-        params = SamplingParams(
-            n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=max_tokens,
-            seed=h.cfg.seed * 1_000_003 + step * 31 + round_,
-            repetition_window=min(cfg.repetition_window, max_tokens) if cfg.repetition_window else None,
-            repetition_prob=cfg.repetition_prob)
-        groups = sampler.generate([prompt_text(tokenizer, r["prompt"], r["domain"]) for r in rows], params)
+        rows, prompts, params = _round_request(h, pool, curriculum, step, round_, need, max_tokens, tokenizer)
+        groups = sampler.generate(step, round_, prompts, params)
         scored_groups = rewarder.score(rows, groups, counters, step, round_)
         for row, completions, scored in zip(rows, groups, scored_groups):
             rewards = [s.reward for s in scored]
@@ -138,6 +132,40 @@ def _sample_groups(h: StageHarness, sampler, pool: list[dict], curriculum: Curri
         **counters.metrics(),
     }
     return kept, stats, seen
+
+
+def _round_request(h: StageHarness, pool: list[dict], curriculum: Curriculum, step: int, round_: int, need: int,
+                   max_tokens: int, tokenizer) -> tuple[list[dict], list[str], SamplingParams]:
+    """What a sampling round asks for: its pool rows (the curriculum's draw for the step and
+    round), their prompts and the sampling settings (seeded by step and round)."""
+    cfg = h.stage_cfg
+    rows = [pool[i] for i in curriculum.sample(step, need, round_)]
+    params = SamplingParams(
+        n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=max_tokens,
+        seed=h.cfg.seed * 1_000_003 + step * 31 + round_,
+        repetition_window=min(cfg.repetition_window, max_tokens) if cfg.repetition_window else None,
+        repetition_prob=cfg.repetition_prob)
+    return rows, [prompt_text(tokenizer, r["prompt"], r["domain"]) for r in rows], params
+
+
+def _sample_ahead(h: StageHarness, sampler, pool: list[dict], curriculum: Curriculum, step: int, max_tokens: int,
+                  tokenizer) -> None:
+    """Rank 0, once ``step``'s own sampling is done: have the engine sample the first round of the
+    steps up to ``batches_ahead`` ahead (those not yet asked for) while this step trains."""
+    cfg = h.stage_cfg
+    for ahead in range(step + 1, min(step + sampler.ahead, cfg.steps - 1) + 1):
+        _, prompts, params = _round_request(h, pool, curriculum, ahead, 0, cfg.prompts_per_step, max_tokens,
+                                            tokenizer)
+        sampler.sample_ahead(ahead, prompts, params)
+
+
+def _staleness(batch: RolloutBatch, trainer_version: int) -> dict[str, float]:
+    """How many versions behind the trainer's the kept samples' first tokens are, and how many
+    samples went on under a later version (partial rollouts)."""
+    lags = [trainer_version - c.policy_version for c in batch.completions if c.policy_version is not None]
+    return {"policy_staleness": float(max(lags, default=0)),
+            "staleness_mean": sum(lags) / len(lags) if lags else 0.0,
+            "partial_rollouts": float(sum(c.version_boundary is not None for c in batch.completions))}
 
 
 def _monitor_inputs(seen: list) -> tuple[list[float], list[int], list[float]]:
@@ -376,7 +404,8 @@ def _rollout_rows(h: StageHarness, step: int, seen: list, sampler) -> list[dict]
                 "backend": sampler.name, "model": sampling_model(h.job, c.policy_version),
                 "temperature": cfg.temperature, "top_p": cfg.top_p,
                 "seed": h.cfg.seed, "run_id": h.job.mlflow_run_id, "train_run": h.job.run_name, "step": step,
-                "policy_version": c.policy_version, "staleness": sampler.trainer_version - c.policy_version})
+                "policy_version": c.policy_version, "staleness": sampler.trainer_version - c.policy_version,
+                "policy_version_last": c.last_version, "version_boundary": c.version_boundary})
     return out
 
 
@@ -492,6 +521,7 @@ def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: 
     # in process: the sampler shares the engine's module, so it samples from the updated weights
     # after every optimizer step; served: a rollout engine process gets the weights pushed
     sampler = make_sampler(h, engine, tokenizer)
+    sampler.load_state_dict(state.get("rollouts_ahead"))   # a resumed stage: the batches its checkpoint waited for
     try:
         return _train_loop(h, engine, tokenizer, sampler, pool, rewarder, curriculum, schedule, monitor, start)
     finally:
@@ -505,21 +535,23 @@ def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, cur
     pad, prompt_cache, pending, last = pad_id_of(tokenizer), {}, [], {}
     for step in range(start, cfg.steps):
         window = schedule.window
-        staleness = sampler.prepare()   # optimizer steps the sampling weights lag the trainer's
+        sampler.prepare()   # the engine gets the weights this step's sampling (and the batches ahead) begin with
         # rank 0 samples and scores; every rank trains on its share of the same kept groups
-        kept, stats, seen = broadcast_from_rank0(
-            _sample_groups(h, sampler, pool, curriculum, step, window.max_tokens, rewarder, tokenizer)
-            if h.is_rank0 else None)
+        if h.is_rank0:
+            sampled = _sample_groups(h, sampler, pool, curriculum, step, window.max_tokens, rewarder, tokenizer)
+            _sample_ahead(h, sampler, pool, curriculum, step, window.max_tokens, tokenizer)
+        kept, stats, seen = broadcast_from_rank0(sampled if h.is_rank0 else None)
         pending.extend(_rollout_rows(h, step, seen, sampler))
-        metrics = {**stats, "window": float(window.max_tokens), "eps_high": window.eps_high,
-                   "policy_staleness": float(staleness), "engine_syncs": float(sampler.syncs),
-                   "engine_sync_seconds": sampler.sync_seconds,
-                   "gradient_clipping": window.gradient_clipping, "curriculum_phase": float(curriculum.phase_index(step)),
-                   "lr": current_lr(engine)}
+        lag = _staleness(kept, sampler.trainer_version)
+        metrics = {**stats, **lag, "window": float(window.max_tokens), "eps_high": window.eps_high,
+                   "engine_syncs": float(sampler.syncs), "engine_sync_seconds": sampler.sync_seconds,
+                   **sampler.metrics(), "gradient_clipping": window.gradient_clipping,
+                   "curriculum_phase": float(curriculum.phase_index(step)), "lr": current_lr(engine)}
         if kept.num_groups:
             tensors = _training_tensors(kept, tokenizer, prompt_cache, pad)
             advantages = group_advantages(torch.tensor(kept.rewards), cfg.group_size)
-            metrics.update(_update(h, engine, tensors, advantages, window.eps_high, stale=staleness > 0))
+            metrics.update(_update(h, engine, tensors, advantages, window.eps_high,
+                                   stale=lag["policy_staleness"] > 0))
         reading = schedule.observe(stats["generation_perplexity"], stats["response_length_p99"])
         metrics.update(gate_perplexity_converged=float(reading.perplexity_converged),
                        gate_length_near_window=float(reading.length_near_window))
@@ -540,12 +572,14 @@ def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, cur
             events.append(record)
         h.record(step, metrics)
         last = metrics
-        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:   # maybe_checkpoint's condition
             _store_rollouts(h, pending, rewarder)
             pending = []
-        h.maybe_checkpoint(engine, step, {"length_schedule": schedule.state_dict(),
-                                          "length_bias": monitor.state_dict(),
-                                          "length_correction": rewarder.in_stage_correction()})
+            sampler.prepare()   # the batches in flight may continue under these weights (partial rollouts)
+            h.maybe_checkpoint(engine, step, {"length_schedule": schedule.state_dict(),
+                                              "length_bias": monitor.state_dict(),
+                                              "length_correction": rewarder.in_stage_correction(),
+                                              "rollouts_ahead": sampler.state_dict()})
     _store_rollouts(h, pending, rewarder)
     return h.finish(engine, tokenizer, {"final_loss": last.get("loss"), "final_reward_mean": last.get("reward_mean"),
                                         "final_window": schedule.window.max_tokens, "prompts": len(pool),

@@ -3,12 +3,24 @@
 ``InProcessSampler`` samples with the training module itself: every sample comes from the
 current weights (staleness 0), nothing to sync. ``ServedSampler`` runs a separate
 ``posttrain serve-model`` process (the rollout engine, as vLLM/SGLang engines sit beside the
-trainer ranks in verl or OpenRLHF): before a sampling round whose weights would lag the
-trainer's by more than ``max_staleness`` optimizer steps, rank 0 writes the weights as a
-Hugging Face directory (gathered under ZeRO-3) and POSTs it to the engine's /v1/weights;
-the engine swaps them between batches and reports the version that sampled each response.
-A dead engine is restarted with the current weights (``restarts`` times per stage); a
-resumed stage starts its engine from the checkpoint's weights the same way.
+trainer ranks in verl or OpenRLHF). At the start of every step whose weights moved, the ranks
+push them (gathered under ZeRO-3): by default rank 0 streams the state dict from memory to the
+engine's /v1/weights/stream as one safetensors blob (``weight_sync: stream``); ``disk`` writes
+a Hugging Face directory instead. The engine stores a push and puts it in force between
+batches, so a push never waits for sampling in progress.
+
+Asynchronous rollouts: with ``batches_ahead`` d > 0 (``max_staleness`` allows it), rank 0 asks
+the engine for the batch of step t + d as soon as step t's own sampling is done, pinned to the
+weights of step t, and the ranks train step t while the engine samples it. Requests reach the
+engine one at a time in issue order (a request thread), so which version samples which batch
+never depends on timing: the run is as reproducible as a synchronous one. With
+``partial_rollout_tokens`` C, a batch sampled ahead goes on past token C only under the next
+version pushed (the generation waits there for it): long generations continue across the
+update instead of holding the trainer back, and every token's version is known (first, last
+and the boundary). A checkpoint first waits for the batches in flight and saves them with
+the engine-free state, so a resumed stage trains on exactly the rollouts an uninterrupted one
+would. A dead engine is restarted (``restarts`` times per stage) and given back every version
+an unfinished request needs (rank 0 keeps those snapshots), then the requests are sent again.
 """
 from __future__ import annotations
 
@@ -16,6 +28,8 @@ import json
 import shutil
 import subprocess
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
@@ -40,15 +54,19 @@ class InProcessSampler:
         self.backend = LocalBackend(engine.module, tokenizer, LocalConfig(batch_size=batch_size))
         self.syncs, self.sync_seconds = 0, 0.0
 
+    ahead = 0
+
     @property
     def trainer_version(self) -> int:
         return int(self.engine.global_steps)
 
-    def prepare(self) -> int:
-        """Staleness (optimizer steps) of the weights the next round samples with: always 0."""
-        return 0
+    def prepare(self) -> None:
+        """Nothing to push: the sampler holds the trained module itself."""
 
-    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Completion]]:
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def generate(self, step: int, round_: int, prompts: list[str], params: SamplingParams) -> list[list[Completion]]:
         groups = self.backend.generate(prompts, params)
         self.backend.model.train()   # the sampler switched the shared module to eval
         for group in groups:
@@ -56,8 +74,42 @@ class InProcessSampler:
                 c.policy_version = self.trainer_version
         return groups
 
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
     def close(self) -> None:
         pass
+
+
+@dataclass
+class _Request:
+    """One sampling round sent to the engine: ``pin`` the version it begins with, ``switch_at``
+    the token from which the next version pushed takes over (partial rollouts)."""
+    step: int
+    round_: int
+    prompts: list[str]
+    params: SamplingParams
+    pin: int
+    switch_at: int | None = None
+    future: Future | None = field(default=None, repr=False)
+
+    @property
+    def extra(self) -> dict:
+        body = {"policy_version": self.pin}
+        if self.switch_at is not None:
+            body["continue_at"] = self.switch_at
+        return body
+
+
+def completion_to_dict(c: Completion) -> dict:
+    return asdict(c)
+
+
+def completion_from_dict(d: dict) -> Completion:
+    return Completion(**d)
 
 
 class ServedSampler:
@@ -66,13 +118,20 @@ class ServedSampler:
     name = "serve-model"
 
     def __init__(self, engine, tokenizer, cfg: RolloutEngineConfig, init_model: str, stage_path: Path,
-                 zero_stage: int, is_rank0: bool):
+                 zero_stage: int, is_rank0: bool, ahead: int = 0):
         self.engine, self.tokenizer, self.cfg = engine, tokenizer, cfg
         self.init_model, self.zero_stage, self.is_rank0 = init_model, zero_stage, is_rank0
+        self.ahead = ahead
+        self.partial_at = cfg.partial_rollout_tokens if ahead else None
         self.weights_dir = stage_path / "engine_weights"
-        self.version, self.syncs, self.sync_seconds, self.restarts = 0, 0, 0.0, 0
+        self.version, self.restarts = 0, 0          # the newest version pushed
+        self.syncs, self.sync_seconds, self.sync_bytes, self.wait_seconds = 0, 0.0, 0, 0.0
+        self.snapshots: dict[int, bytes | Path] = {}   # pushed versions an unfinished request may need again
+        self.requests: dict[tuple[int, int], _Request] = {}   # (step, round) -> request, in issue order
+        self.ready: dict[int, list[list[Completion]]] = {}   # batches restored from a checkpoint
         self.server: ServerProcess | None = None
         self.client: OpenAIBackend | None = None
+        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-requests") if is_rank0 else None
         if is_rank0:
             self._start()
         if self.trainer_version > 0:   # a resumed stage: the engine gets the checkpoint's weights
@@ -82,6 +141,7 @@ class ServedSampler:
     def trainer_version(self) -> int:
         return int(self.engine.global_steps)
 
+    # -- the engine process ---------------------------------------------------------------
     def _start(self) -> None:
         self.server = ServerProcess(self.init_model, threads=self.cfg.threads, batch_size=self.cfg.batch_size,
                                     startup_timeout_s=self.cfg.startup_timeout_s, device=self.cfg.device,
@@ -89,44 +149,13 @@ class ServedSampler:
         self.client = OpenAIBackend(OpenAIConfig(
             base_url=self.server.base_url, concurrency=self.cfg.concurrency,
             prompts_per_request=self.cfg.prompts_per_request, timeout_s=self.cfg.startup_timeout_s, max_retries=1))
-        self.version = 0   # a fresh engine holds the stage's initial weights
-        self._describe()
+        self._describe(0)
 
-    def _describe(self) -> None:
-        """``engine.json`` in the stage directory: where the engine runs and what it holds."""
-        info = {"pid": self.server.proc.pid, "base_url": self.server.base_url, "policy_version": self.version,
-                "restarts": self.restarts}
+    def _describe(self, in_force: int) -> None:
+        """``engine.json`` in the stage directory: where the engine runs and what it was sent."""
+        info = {"pid": self.server.proc.pid, "base_url": self.server.base_url, "policy_version": in_force,
+                "restarts": self.restarts, "batches_ahead": self.ahead, "weight_sync": self.cfg.weight_sync}
         (self.weights_dir.parent / "engine.json").write_text(json.dumps(info, indent=2))
-
-    def push(self) -> None:
-        """Write the current weights (a collective under ZeRO-3) and load them into the engine."""
-        started = time.monotonic()
-        version = self.trainer_version
-        target = self.weights_dir / f"v{version:08d}"
-        checkpoint.save_hf(self.engine, self.tokenizer, target, self.zero_stage, self.is_rank0)
-        if self.is_rank0:
-            self._ensure_running()
-            self._load(target, version)
-            for old in sorted(self.weights_dir.glob("v*")):
-                if old != target:
-                    shutil.rmtree(old, ignore_errors=True)
-        barrier()
-        self.version = version
-        if self.is_rank0:
-            self._describe()
-        self.syncs += 1
-        self.sync_seconds += time.monotonic() - started
-
-    def _load(self, target: Path, version: int) -> None:
-        """Have the engine load the weights in ``target`` as ``version``; an engine that died
-        (its port refusing before its exit is visible) is restarted first, within ``restarts``."""
-        try:
-            self._post_weights(target, version)
-        except httpx.TransportError:
-            if not self._died():   # alive: the request itself failed
-                raise
-            self._ensure_running()
-            self._post_weights(target, version)
 
     def _died(self, grace_s: float = 10.0) -> bool:
         """Whether the engine process has exited, waiting ``grace_s`` for an exit in progress (a
@@ -137,62 +166,162 @@ class ServedSampler:
             return False
         return True
 
-    def _post_weights(self, target: Path, version: int) -> None:
-        response = httpx.post(f"{self.server.base_url}/weights", json={"path": str(target), "version": version},
-                              timeout=self.cfg.startup_timeout_s)
-        if response.status_code != 200:
-            raise RuntimeError(f"rollout engine refused weights v{version}: {response.text[:500]}")
-
-    def prepare(self) -> int:
-        """Push first if the engine lags by more than ``max_staleness``; the staleness it samples with."""
-        if self.trainer_version - self.version > self.cfg.max_staleness:
-            self.push()
-        return self.trainer_version - self.version
-
-    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Completion]]:
-        if not self.is_rank0:
-            raise RuntimeError("only rank 0 samples from the rollout engine")
-        self._ensure_running()
-        try:
-            groups = self.client.generate(prompts, params)
-        except OpenAIBackendError:
-            if not self._died():   # alive: not a crash, the request itself failed
-                raise
-            self._ensure_running()
-            groups = self.client.generate(prompts, params)
-        stale = {c.policy_version for g in groups for c in g} - {self.version}
-        if stale:
-            raise RuntimeError(f"rollout engine sampled with weights v{sorted(stale)}, expected v{self.version}")
-        return groups
-
-    def _ensure_running(self) -> None:
-        """Restart a dead engine (up to ``restarts`` times in the stage)."""
+    def _recover(self) -> None:
+        """The engine died: start a new one, send it every version an unfinished request needs
+        (and the newest), then send those requests again, in their order (rank 0 only)."""
         code = self.server.proc.poll()
-        if code is None:
-            return
         if self.restarts >= self.cfg.restarts:
             raise RuntimeError(f"the rollout engine exited with code {code} and {self.restarts} restart(s) "
                                f"are used up (rl.rollout_engine.restarts); resume the stage to continue")
-        self._restart()
-
-    def _restart(self) -> None:
-        """The engine died: start a new one with the weights it last had (rank 0 only; the
-        directory of the last push is kept for this)."""
         self.restarts += 1
-        pushed = self.version
-        self.close()
+        self._stop_engine()
         self._start()
-        if pushed > 0:
-            target = self.weights_dir / f"v{pushed:08d}"
-            self._load(target, pushed)
-            self.version = pushed
-        self._describe()
+        for version in sorted(self.snapshots):
+            self._post(version)
+        for request in self.requests.values():
+            if not _succeeded(request.future):
+                request.future = self._sender.submit(self._call, request)
+        self._describe(self.version)
 
-    def close(self) -> None:
+    # -- weights --------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Every rank, before a step samples or a checkpoint saves the batches in flight: push the
+        weights if they moved since the last push (a collective under ZeRO-3)."""
+        if self.trainer_version != self.version:
+            self.push()
+
+    def push(self) -> None:
+        """Send the current weights to the engine (every rank calls it; rank 0 sends)."""
+        started = time.monotonic()
+        version = self.trainer_version
+        if self.cfg.weight_sync == "disk":
+            target = self.weights_dir / f"v{version:08d}"
+            checkpoint.save_hf(self.engine, self.tokenizer, target, self.zero_stage, self.is_rank0)
+            snapshot = target
+        else:
+            snapshot = checkpoint.state_dict_bytes(self.engine, self.zero_stage, self.is_rank0)
+        if self.is_rank0:
+            self.snapshots[version] = snapshot
+            try:
+                self._post(version)
+            except httpx.TransportError:
+                if not self._died():   # alive: the request itself failed
+                    raise
+                self.version = version
+                self._recover()
+        barrier()
+        self.version = version
+        if self.is_rank0:
+            self._forget_snapshots()
+            self._describe(version)
+        self.syncs += 1
+        self.sync_seconds += time.monotonic() - started
+
+    def _post(self, version: int) -> None:
+        snapshot = self.snapshots[version]
+        base = self.server.base_url
+        if isinstance(snapshot, Path):
+            response = httpx.post(f"{base}/weights", json={"path": str(snapshot), "version": version},
+                                  timeout=self.cfg.startup_timeout_s)
+        else:
+            response = httpx.post(f"{base}/weights/stream", params={"version": version}, content=snapshot,
+                                  timeout=self.cfg.startup_timeout_s)
+        if response.status_code != 200:
+            raise RuntimeError(f"rollout engine refused weights v{version}: {response.text[:500]}")
+        self.sync_bytes = int(response.json()["bytes"])
+
+    def _forget_snapshots(self) -> None:
+        """Keep the snapshots from the oldest version an unfinished request begins with on (the
+        versions after it are the ones its partial rollouts may continue under)."""
+        pending = [r.pin for r in self.requests.values() if not _succeeded(r.future)]
+        oldest = min([*pending, self.version])
+        for version in [v for v in self.snapshots if v < oldest]:
+            snapshot = self.snapshots.pop(version)
+            if isinstance(snapshot, Path):
+                shutil.rmtree(snapshot, ignore_errors=True)
+
+    # -- sampling -------------------------------------------------------------------------
+    def generate(self, step: int, round_: int, prompts: list[str], params: SamplingParams) -> list[list[Completion]]:
+        """Rank 0: the groups of ``step``'s sampling round: the batch sampled ahead for its first
+        round, else sampled now with the weights last pushed."""
+        if not self.is_rank0:
+            raise RuntimeError("only rank 0 samples from the rollout engine")
+        if round_ == 0 and step in self.ready:
+            return self.ready.pop(step)
+        if (step, round_) not in self.requests:
+            self._issue(_Request(step, round_, prompts, params, self.version))
+        return self._take((step, round_), prompts)
+
+    def sample_ahead(self, step: int, prompts: list[str], params: SamplingParams) -> None:
+        """Rank 0: have the engine sample ``step``'s first round now, with the weights last
+        pushed (and, for partial rollouts, the next ones from ``partial_rollout_tokens`` on)."""
+        if (step, 0) not in self.requests and step not in self.ready:
+            self._issue(_Request(step, 0, prompts, params, self.version, self.partial_at))
+
+    def _issue(self, request: _Request) -> None:
+        request.future = self._sender.submit(self._call, request)
+        self.requests[(request.step, request.round_)] = request
+
+    def _call(self, request: _Request) -> list[list[Completion]]:
+        groups = self.client.generate(request.prompts, request.params, extra=request.extra,
+                                      one_request=request.switch_at is not None)
+        wrong = {c.policy_version for g in groups for c in g} - {request.pin}
+        if wrong:
+            raise RuntimeError(f"rollout engine sampled with weights v{sorted(wrong)}, expected v{request.pin}")
+        return groups
+
+    def _take(self, key: tuple[int, int], prompts: list[str] | None = None) -> list[list[Completion]]:
+        request = self.requests[key]
+        if prompts is not None and prompts != request.prompts:
+            raise RuntimeError(f"step {key[0]} round {key[1]}: the batch sampled ahead has other prompts than "
+                               f"the step draws (the curriculum must be a function of the step)")
+        started = time.monotonic()
+        try:
+            groups = request.future.result()
+        except (OpenAIBackendError, httpx.TransportError):
+            if not self._died():   # alive: not a crash, the request itself failed
+                raise
+            self._recover()
+            groups = request.future.result()
+        finally:
+            self.wait_seconds += time.monotonic() - started
+        del self.requests[key]
+        return groups
+
+    def metrics(self) -> dict[str, float]:
+        return {"engine_sync_bytes": float(self.sync_bytes), "engine_wait_seconds": self.wait_seconds,
+                "batches_in_flight": float(len(self.requests))}
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Rank 0, after ``prepare``: the batches sampled ahead, waited for (a checkpoint keeps
+        them, since the weights that began them are gone once it resumes)."""
+        if not self.is_rank0:
+            return {}
+        ahead = sorted(step for step, round_ in self.requests if round_ == 0)
+        batches = {**self.ready, **{step: self._take((step, 0)) for step in ahead}}
+        self.ready = dict(batches)
+        return {"batches": {str(step): [[completion_to_dict(c) for c in g] for g in groups]
+                            for step, groups in sorted(batches.items())}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ready = {int(step): [[completion_from_dict(c) for c in g] for g in groups]
+                      for step, groups in (state or {}).get("batches", {}).items()}
+
+    def _stop_engine(self) -> None:
         if self.client is not None:
             self.client.close()
         if self.server is not None:
             self.server.stop()
+
+    def close(self) -> None:
+        if self._sender is not None:
+            self._sender.shutdown(wait=False, cancel_futures=True)
+        self._stop_engine()
+
+
+def _succeeded(future: Future | None) -> bool:
+    return future is not None and future.done() and not future.cancelled() and future.exception() is None
 
 
 def make_sampler(h, engine, tokenizer):
@@ -201,4 +330,4 @@ def make_sampler(h, engine, tokenizer):
     if cfg.rollout_engine.kind == "inprocess":
         return InProcessSampler(engine, tokenizer, cfg.prompts_per_step * cfg.group_size)
     return ServedSampler(engine, tokenizer, cfg.rollout_engine, h.job.init_model, h.path, h.cfg.engine.zero_stage,
-                         h.is_rank0)
+                         h.is_rank0, ahead=cfg.batches_ahead)
