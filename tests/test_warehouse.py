@@ -45,6 +45,35 @@ def test_append_shares_files_and_records_parent(wh):
     assert wh.read("scratch2")["x"].to_list() == [1]
 
 
+def test_an_append_may_add_the_optional_columns_its_spec_gained(wh, monkeypatch):
+    """A home whose rl_rollouts predates the partial-rollout columns takes rows that carry them:
+    the old rows read them as null, in polars and in SQL; a required column is still refused."""
+    from data_specs import get_spec
+
+    spec = get_spec("rl_rollouts")
+    new = spec.conform(pl.DataFrame([{
+        "rollout_id": f"r{i}", "prompt_id": "p", "source_table": "rl_prompts", "domain": "logic", "sample_index": i,
+        "num_tokens": 3, "finish_reason": "stop", "truncated": False, "reward": 1.0, "backend": "serve-model",
+        "model": "run/rl@update0", "train_run": "run", "step": 0, "policy_version": 0, "staleness": 0,
+        "policy_version_last": 2, "version_boundary": 2} for i in range(2)]))
+    old = new.drop("policy_version_last", "version_boundary").with_columns(pl.col("rollout_id") + "-old")
+    # the table as a home written before the spec gained the two columns holds it
+    with monkeypatch.context() as before:
+        before.setattr(spec, "columns", [c for c in spec.columns if c.name in old.columns])
+        first = wh.write("rl_rollouts", old)
+    assert "version_boundary" not in pl.read_parquet_schema(wh.files("rl_rollouts", first.snapshot)[0])
+    grown = wh.append("rl_rollouts", new)
+    rows = wh.read("rl_rollouts").sort("rollout_id")
+    assert grown.rows == 4 and rows["version_boundary"].to_list() == [2, None, 2, None]
+    assert wh.sql("SELECT count(version_boundary) AS n FROM rl_rollouts")["n"][0] == 2
+    # a required column the table lacks cannot be added by an append: its old rows would break it
+    with monkeypatch.context() as before:
+        before.setattr(spec, "columns", [c for c in spec.columns if c.name != "staleness"])
+        wh.write("rl_rollouts", new.drop("staleness"))
+    with pytest.raises(SpecError, match="schema"):
+        wh.append("rl_rollouts", new.with_columns(pl.col("rollout_id") + "-x"))
+
+
 def test_spec_violations_refused(wh):
     with pytest.raises(SpecError, match="missing_required_field"):
         wh.write("decisions", _decisions([""]))

@@ -228,8 +228,9 @@ class Warehouse:
                 if mode == "append" and latest is not None:
                     prev_files = json.loads(latest[2])
                     if prev_files:
-                        prev_schema = pl.read_parquet_schema(self.home / prev_files[0])
-                        if dict(prev_schema) != dict(df.schema):
+                        prev_schema = pl.read_parquet_schema(self.home / prev_files[-1])
+                        if dict(prev_schema) != dict(df.schema) and not _adds_optional_columns(spec, prev_schema,
+                                                                                                df.schema):
                             raise SpecError(
                                 f"cannot append to {name!r}: schema {dict(df.schema)} differs from "
                                 f"the table's {dict(prev_schema)}")
@@ -280,7 +281,12 @@ class Warehouse:
         return [self.home / f for f in json.loads(row["files"])]
 
     def scan(self, name: str, snapshot: str | None = None) -> pl.LazyFrame:
-        return pl.scan_parquet([str(p) for p in self.files(name, snapshot)])
+        """A snapshot's rows, lazily. Its newest file has every column (an append may add the
+        optional columns its spec gained since), so older files read those as null."""
+        files = [str(p) for p in self.files(name, snapshot)]
+        if len(files) < 2:
+            return pl.scan_parquet(files)
+        return pl.scan_parquet(files, schema=pl.read_parquet_schema(files[-1]), missing_columns="insert")
 
     def read(self, name: str, snapshot: str | None = None, default_empty: bool = False) -> pl.DataFrame:
         """A snapshot (latest by default) as a polars frame.
@@ -362,7 +368,7 @@ class Warehouse:
             for tname, files in latest:
                 validate_name(tname)
                 paths = ", ".join("'" + str(self.home / f).replace("'", "''") + "'" for f in json.loads(files))
-                con.execute(f'CREATE VIEW "{tname}" AS SELECT * FROM read_parquet([{paths}])')
+                con.execute(f'CREATE VIEW "{tname}" AS SELECT * FROM read_parquet([{paths}], union_by_name = true)')
             rel = con.sql(query, params=list(params) if params else None)
             if rel is None:  # a statement that returns nothing
                 return pl.DataFrame()
@@ -481,3 +487,13 @@ def _note_write(ref: TableRef) -> None:
     use = _USE.get()
     if use is not None:
         use.written.append(ref)
+
+
+def _adds_optional_columns(spec, table: dict, frame: dict) -> bool:
+    """Whether ``frame``'s schema is the table's plus columns its spec declares optional (the
+    spec gained them since the table's last append): every existing column kept, same types."""
+    if spec is None:
+        return False
+    added = [c for c in frame if c not in table]
+    optional = {c.name for c in spec.columns if not c.required}
+    return all(frame.get(c) == t for c, t in table.items()) and bool(added) and set(added) <= optional
