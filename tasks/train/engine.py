@@ -105,16 +105,23 @@ def lr_lambda(optimizer_cfg: OptimizerConfig, total_steps: int):
     return factor
 
 
-def create_engine(model: torch.nn.Module, engine_cfg: EngineConfig, optimizer_cfg: OptimizerConfig,
-                  lr: float, total_steps: int, gradient_clipping: float | None = None):
-    """(DeepSpeed engine, its JSON config) for ``model``."""
+def engine_setup(engine_cfg: EngineConfig, gradient_clipping: float | None = None) -> dict:
+    """The environment, process group and comm op a DeepSpeed engine needs, and its JSON config
+    (the global batch over this process group's ranks)."""
     prepare_environment(engine_cfg)
     init_single_rank()
     proc.ensure_comm_op()   # says so if it waits on another build; clears a dead build's lock
-    import deepspeed
-
     ds_config = deepspeed_config(engine_cfg, gradient_clipping)
     ds_config["train_batch_size"] = engine_cfg.micro_batch_size * engine_cfg.gradient_accumulation_steps * world_size()
+    return ds_config
+
+
+def create_engine(model: torch.nn.Module, engine_cfg: EngineConfig, optimizer_cfg: OptimizerConfig,
+                  lr: float, total_steps: int, gradient_clipping: float | None = None):
+    """(DeepSpeed engine, its JSON config) for ``model``."""
+    import deepspeed
+
+    ds_config = engine_setup(engine_cfg, gradient_clipping)
     optimizer = build_adamw([p for p in model.parameters() if p.requires_grad], lr=lr,
                             betas=optimizer_cfg.betas, eps=optimizer_cfg.eps,
                             weight_decay=optimizer_cfg.weight_decay)

@@ -84,10 +84,37 @@ class StageHarness:
 
     # -- inputs -------------------------------------------------------------------------
     def load_policy(self):
+        """(policy, tokenizer). Under ZeRO-3 the policy comes partitioned across the ranks (each
+        builds and keeps only its share of every parameter), ready for ``create_engine``; else
+        whole, in FP32."""
         from model.loading import load_causal_lm
 
-        model, tokenizer = load_causal_lm(self.job.init_model, dtype="float32")
+        model, tokenizer = load_causal_lm(self.job.init_model, dtype="float32",
+                                          zero3_config=self._partitioned_load_config())
         return model.train(), tokenizer
+
+    # recipes that run the policy before wrapping it in the engine (DPO scores its reference
+    # log-probs with it), which a partitioned model cannot do outside an engine
+    _RUNS_POLICY_BEFORE_ENGINE = frozenset({"dpo"})
+
+    def _partitioned_load_config(self) -> dict | None:
+        """The DeepSpeed config ``create_engine`` will build for this stage when it is ZeRO-3
+        (the same generator, the same global batch; clipping does not matter to ``zero.Init``),
+        with the process group it needs set up; None for a whole-model load."""
+        from data_specs.stages import train_stage
+        from tasks.train.engine import engine_setup
+
+        engine = self.cfg.engine
+        if engine.zero_stage != 3 or train_stage(self.job.stage).recipe in self._RUNS_POLICY_BEFORE_ENGINE:
+            return None
+        ds_config = engine_setup(engine)
+        import deepspeed
+
+        deepspeed.init_distributed()   # before zero.Init reads the config: it checks the batch against the world
+        if self.is_rank0:
+            print(f"posttrain: {self.job.stage} loads {self.job.init_model} partitioned across "
+                  f"{world_size()} rank(s) (ZeRO-3)", file=sys.stderr, flush=True)
+        return ds_config
 
     def read_data(self) -> pl.DataFrame:
         ref = self.job.data_ref
