@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import logging
 import math
+import time
 from collections.abc import Callable
 
 import polars as pl
@@ -96,13 +97,17 @@ def _sample_groups(h: StageHarness, sampler, pool: list[dict], curriculum: Curri
     kept = RolloutBatch(cfg.group_size)
     counters = RewardCounters()
     all_rewards, all_lengths, sampled_logps, truncated, seen = [], [], [], 0, []
+    sampling_s = scoring_s = 0.0
     for round_ in range(cfg.max_sampling_rounds):
         need = cfg.prompts_per_step - kept.num_groups
         if need <= 0:
             break
         rows, prompts, params = _round_request(h, pool, curriculum, step, round_, need, max_tokens, tokenizer)
+        started = time.monotonic()
         groups = sampler.generate(step, round_, prompts, params)
+        scored_at = time.monotonic()
         scored_groups = rewarder.score(rows, groups, counters, step, round_)
+        sampling_s, scoring_s = sampling_s + scored_at - started, scoring_s + time.monotonic() - scored_at
         for row, completions, scored in zip(rows, groups, scored_groups):
             rewards = [s.reward for s in scored]
             seen.append((row, completions, scored, round_))
@@ -128,6 +133,9 @@ def _sample_groups(h: StageHarness, sampler, pool: list[dict], curriculum: Curri
         # dynamic sampling's shortfall: the update trains on fewer groups (see ``_micro_batches``)
         "groups_shortfall": float(cfg.prompts_per_step - kept.num_groups),
         "groups_sampled": float(len(seen)),
+        # where rank 0's step time went: waiting for the step's rollouts (no wait for a batch sampled
+        # ahead that is ready), and rewarding them
+        "sampling_seconds": sampling_s, "scoring_seconds": scoring_s,
         **level_mix([row for row, *_ in seen]),   # the synthetic prompts' levels drawn this step
         **counters.metrics(),
     }
@@ -534,6 +542,7 @@ def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, cur
     events: list[dict] = []
     pad, prompt_cache, pending, last = pad_id_of(tokenizer), {}, [], {}
     for step in range(start, cfg.steps):
+        step_started = time.monotonic()
         window = schedule.window
         sampler.prepare()   # the engine gets the weights this step's sampling (and the batches ahead) begin with
         # rank 0 samples and scores; every rank trains on its share of the same kept groups
@@ -548,10 +557,12 @@ def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, cur
                    **sampler.metrics(), "gradient_clipping": window.gradient_clipping,
                    "curriculum_phase": float(curriculum.phase_index(step)), "lr": current_lr(engine)}
         if kept.num_groups:
+            update_started = time.monotonic()
             tensors = _training_tensors(kept, tokenizer, prompt_cache, pad)
             advantages = group_advantages(torch.tensor(kept.rewards), cfg.group_size)
             metrics.update(_update(h, engine, tensors, advantages, window.eps_high,
                                    stale=lag["policy_staleness"] > 0))
+            metrics["update_seconds"] = time.monotonic() - update_started
         reading = schedule.observe(stats["generation_perplexity"], stats["response_length_p99"])
         metrics.update(gate_perplexity_converged=float(reading.perplexity_converged),
                        gate_length_near_window=float(reading.length_near_window))
@@ -570,6 +581,7 @@ def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, cur
                 log.warning("rl step %d: length-bias event; GenRM rewards corrected from step %d on "
                             "(slope %.4f)", step, step + 1, correction.slope)
             events.append(record)
+        metrics["step_seconds"] = time.monotonic() - step_started
         h.record(step, metrics)
         last = metrics
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:   # maybe_checkpoint's condition
