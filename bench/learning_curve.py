@@ -50,8 +50,8 @@ def run_seed(home: Path, seed: int, first: bool) -> dict:
         os.environ.pop("POSTTRAIN__TRAIN__SEED", None)
 
 
-def heldout_pass1(model_path: str, home: Path) -> float:
-    """Mean held-out pass@1 over the tiny families (evaluate's items, sampling and verifiers)."""
+def heldout_pass1(model_path: str, home: Path, profile_name: str = "tiny") -> float:
+    """Mean held-out pass@1 over the profile's held-out families (evaluate's items, sampling and verifiers)."""
     from tasks.evaluate import (
         EvaluateConfig,
         evaluate_items,
@@ -63,7 +63,7 @@ def heldout_pass1(model_path: str, home: Path) -> float:
     from tasks.rollout.factory import make_backend
     from warehouse import Warehouse
 
-    profile = load_profile("tiny")
+    profile = load_profile(profile_name)
     cfg = profile.section("evaluate", EvaluateConfig)
     rollout = profile.section("rollout", RolloutConfig)
     items = heldout_synthetic_items(cfg.synthetic, training_instance_ids(Warehouse(home))).items

@@ -111,6 +111,27 @@ def test_rewards_dispatch_by_domain_with_one_batched_position_switched_judge_cal
     assert m["genrm_no_reference"] == 1
 
 
+def test_verdicts_decided_ahead_are_the_rewards_and_are_not_decided_again(monkeypatch):
+    """The verifier verdicts of a batch sampled ahead, decided in the engine's request thread
+    while earlier steps train, give the same rewards as deciding them in ``score``; ``score``
+    decides only what was not decided ahead (another step's, a later round's)."""
+    rows = [pool_row("m1", "math", "What is 2 + 3?", {"id": "m1", "answer": "5"}),
+            pool_row("m2", "math", "What is 2 + 2?", {"id": "m2", "answer": "4"})]
+    groups = groups_for([["\\boxed{5}", "\\boxed{6}", "\\boxed{5}"], ["\\boxed{4}", "no answer"]])
+    fresh = DomainReward(GenRMRewardConfig(enabled=False)).score(rows, groups, RewardCounters(), step=7)
+    ahead = DomainReward(GenRMRewardConfig(enabled=False), verify_workers=2)
+    ahead.verify_ahead(7, rows, groups)
+    decided = []
+    real = ahead._verify_all
+    monkeypatch.setattr(ahead, "_verify_all", lambda items: decided.append(len(items)) or real(items))
+    scored = ahead.score(rows, groups, RewardCounters(), step=7, round_=0)
+    assert [[(s.reward, s.correct) for s in g] for g in scored] == [[(s.reward, s.correct) for s in g] for g in fresh]
+    assert [s.reward for s in scored[0]] == [1.0, 0.0, 1.0] and decided == [0]
+    ahead.score(rows, groups, RewardCounters(), step=7, round_=1)   # a second round: nothing decided ahead
+    ahead.score(rows, groups, RewardCounters(), step=8, round_=0)   # another step
+    assert decided == [0, 5, 5]
+
+
 def test_position_bias_of_the_judge_becomes_a_tie():
     backend = ScriptedJudgeBackend(position_biased=True)
     reward = DomainReward(GenRMRewardConfig(judge={"consistency": {"blind_samples": 1}}),

@@ -162,3 +162,43 @@ def test_a_partial_rollout_goes_on_under_the_next_pushed_weights_and_says_where(
                            timeout=60)
         assert wrong.status_code == 400 and "streamed state dict (v3)" in wrong.json()["detail"]
         client.close()
+
+
+def _parity(row, text, token_ids):
+    return 1.0 if token_ids and token_ids[0] % 2 == 0 else 0.0
+
+
+def test_an_engine_killed_while_sampling_ahead_comes_back_with_the_versions_it_owed(wh):
+    """SIGKILL the engine of an asynchronous stage with partial rollouts after a batch was asked
+    for ahead: the stage restarts it, sends it again every version an unfinished request needs,
+    sends those requests again, and samples exactly what a run whose engine never died sampled."""
+    cfg = engine_config()
+    cfg.rl.rollout_engine.max_staleness = 2
+    cfg.rl.rollout_engine.partial_rollout_tokens = 2
+    sft_job = seeded_sft_job(wh, cfg)
+
+    def job(name: str) -> StageJob:
+        return StageJob(stage="rl", home=str(wh.home), run_name=name, profile="test", init_model=sft_job.init_model,
+                        data_ref=str(wh.latest("rl_prompts")), config=cfg.model_dump(), fingerprint=name)
+
+    train_rl(StageHarness(job("calm")), reward_fn=_parity)
+    stage_path, killed = job("killed").stage_path, []
+
+    def reward_killing_the_engine_once(row, text, token_ids):
+        info = json.loads((stage_path / "engine.json").read_text())
+        if info["policy_version"] == 4 and not killed:   # step 2 scores; batch 3 is asked for next
+            os.kill(info["pid"], signal.SIGKILL)
+            killed.append(info["pid"])
+        return _parity(row, text, token_ids)
+
+    train_rl(StageHarness(job("killed")), reward_fn=reward_killing_the_engine_once)
+    info = json.loads((stage_path / "engine.json").read_text())
+    assert killed and info["restarts"] == 1 and info["pid"] != killed[0]
+    columns = ["step", "prompt_id", "sample_index", "token_ids", "reward", "policy_version", "policy_version_last",
+               "version_boundary", "staleness"]
+    rollouts = wh.read("rl_rollouts")
+    calm, restarted = (rollouts.filter(pl.col("train_run") == run).select(columns).sort("step", "prompt_id",
+                                                                                          "sample_index")
+                       for run in ("calm", "killed"))
+    assert calm.height > 0 and calm.equals(restarted)
+    assert restarted["version_boundary"].is_not_null().any()

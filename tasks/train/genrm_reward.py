@@ -26,6 +26,7 @@ the event are corrected within the stage (the train flow stores the same correct
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -173,6 +174,9 @@ class DomainReward:
     _calibrations_pin: tuple[Any] | None = field(default=None, init=False, repr=False)   # (TableRef | None,)
     _warehouse: Any = field(default=None, init=False, repr=False)
     _in_stage: bool = field(default=False, init=False, repr=False)   # a correction this stage fitted is in force
+    # verifier verdicts decided ahead (``verify_ahead``), by step: (prompt_id, response) -> verdict
+    _ahead: dict[int, dict] = field(default_factory=dict, init=False, repr=False)
+    _ahead_lock: Any = field(default_factory=threading.Lock, init=False, repr=False)
 
     @property
     def judge_model(self) -> str:
@@ -243,8 +247,8 @@ class DomainReward:
                     out[gi][si] = self._genrm_sample(None, "no_reference")
                 else:
                     pending.append(_Pending(gi, si, request))
-        for (gi, si), verdict in zip(rule, self._verify_all([(rows[gi], groups[gi][si].text) for gi, si in rule]),
-                                     strict=True):
+        decided = self._verdicts(step, round_, [(rows[gi], groups[gi][si].text) for gi, si in rule])
+        for (gi, si), verdict in zip(rule, decided, strict=True):
             out[gi][si] = self._rule_sample(rows[gi], groups[gi][si], verdict, counters)
         if pending:
             correction = self.refresh_calibration()
@@ -268,6 +272,28 @@ class DomainReward:
                     counters.genrm_position_disagreement += s.status == "position_disagreement"
                     counters.genrm_rule_decided += s.status == "rule"
         return out  # type: ignore[return-value]
+
+    def verify_ahead(self, step: int, rows: list[dict], groups: list[list[Completion]]) -> None:
+        """Decide the verifier verdicts of ``step``'s first round while earlier steps train (the
+        rollout engine's request thread calls it once the batch sampled ahead is in): ``score``
+        then takes them instead of deciding them again. A verdict is a function of its row and
+        response alone, so deciding it earlier changes no reward; the counters, the custom
+        reward and the GenRM samples stay with ``score``."""
+        items = [(row, c.text) for row, completions in zip(rows, groups) if not self.uses_genrm(row)
+                 for c in completions]
+        verdicts = {(row["prompt_id"], text): v for (row, text), v in zip(items, self._verify_all(items), strict=True)}
+        with self._ahead_lock:
+            self._ahead[step] = verdicts
+
+    def _verdicts(self, step: int, round_: int, items: list[tuple[dict, str]]) -> list[tuple[float, str | None]]:
+        """The verdicts of ``items``: those decided ahead for the step's first round, the rest now."""
+        with self._ahead_lock:
+            ahead = self._ahead.pop(step, {}) if round_ == 0 else {}
+        keys = [(row["prompt_id"], text) for row, text in items]
+        missing = [(item, key) for item, key in zip(items, keys) if key not in ahead]
+        decided = {**ahead, **dict(zip([key for _, key in missing], self._verify_all([item for item, _ in missing]),
+                                       strict=True))}
+        return [decided[key] for key in keys]
 
     def _verify_all(self, items: list[tuple[dict, str]]) -> list[tuple[float, str | None]]:
         """(score, error) of every (row, response), in order, ``verify_workers`` at a time (math

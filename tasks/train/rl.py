@@ -15,6 +15,7 @@ in the stage summary for the flow to act on.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import logging
@@ -157,14 +158,15 @@ def _round_request(h: StageHarness, pool: list[dict], curriculum: Curriculum, st
 
 
 def _sample_ahead(h: StageHarness, sampler, pool: list[dict], curriculum: Curriculum, step: int, max_tokens: int,
-                  tokenizer) -> None:
+                  rewarder: DomainReward, tokenizer) -> None:
     """Rank 0, once ``step``'s own sampling is done: have the engine sample the first round of the
-    steps up to ``batches_ahead`` ahead (those not yet asked for) while this step trains."""
+    steps up to ``batches_ahead`` ahead (those not yet asked for) while this step trains, and
+    their verifier verdicts decided as they come in."""
     cfg = h.stage_cfg
     for ahead in range(step + 1, min(step + sampler.ahead, cfg.steps - 1) + 1):
-        _, prompts, params = _round_request(h, pool, curriculum, ahead, 0, cfg.prompts_per_step, max_tokens,
-                                            tokenizer)
-        sampler.sample_ahead(ahead, prompts, params)
+        rows, prompts, params = _round_request(h, pool, curriculum, ahead, 0, cfg.prompts_per_step, max_tokens,
+                                               tokenizer)
+        sampler.sample_ahead(ahead, prompts, params, then=functools.partial(rewarder.verify_ahead, ahead, rows))
 
 
 def _staleness(batch: RolloutBatch, trainer_version: int) -> dict[str, float]:
@@ -548,7 +550,7 @@ def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, cur
         # rank 0 samples and scores; every rank trains on its share of the same kept groups
         if h.is_rank0:
             sampled = _sample_groups(h, sampler, pool, curriculum, step, window.max_tokens, rewarder, tokenizer)
-            _sample_ahead(h, sampler, pool, curriculum, step, window.max_tokens, tokenizer)
+            _sample_ahead(h, sampler, pool, curriculum, step, window.max_tokens, rewarder, tokenizer)
         kept, stats, seen = broadcast_from_rank0(sampled if h.is_rank0 else None)
         pending.extend(_rollout_rows(h, step, seen, sampler))
         lag = _staleness(kept, sampler.trainer_version)

@@ -28,6 +28,7 @@ import json
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -94,6 +95,7 @@ class _Request:
     params: SamplingParams
     pin: int
     switch_at: int | None = None
+    then: Callable[[list[list[Completion]]], None] | None = field(default=None, repr=False)
     future: Future | None = field(default=None, repr=False)
 
     @property
@@ -252,11 +254,13 @@ class ServedSampler:
             self._issue(_Request(step, round_, prompts, params, self.version))
         return self._take((step, round_), prompts)
 
-    def sample_ahead(self, step: int, prompts: list[str], params: SamplingParams) -> None:
+    def sample_ahead(self, step: int, prompts: list[str], params: SamplingParams,
+                     then: Callable[[list[list[Completion]]], None] | None = None) -> None:
         """Rank 0: have the engine sample ``step``'s first round now, with the weights last
-        pushed (and, for partial rollouts, the next ones from ``partial_rollout_tokens`` on)."""
+        pushed (and, for partial rollouts, the next ones from ``partial_rollout_tokens`` on);
+        ``then`` runs on the groups in the request thread once they are in (the rewards' verifiers)."""
         if (step, 0) not in self.requests and step not in self.ready:
-            self._issue(_Request(step, 0, prompts, params, self.version, self.partial_at))
+            self._issue(_Request(step, 0, prompts, params, self.version, self.partial_at, then))
 
     def _issue(self, request: _Request) -> None:
         request.future = self._sender.submit(self._call, request)
@@ -268,6 +272,8 @@ class ServedSampler:
         wrong = {c.policy_version for g in groups for c in g} - {request.pin}
         if wrong:
             raise RuntimeError(f"rollout engine sampled with weights v{sorted(wrong)}, expected v{request.pin}")
+        if request.then is not None:
+            request.then(groups)
         return groups
 
     def _take(self, key: tuple[int, int], prompts: list[str] | None = None) -> list[list[Completion]]:
