@@ -17,6 +17,7 @@ from tasks.rollout.server import ServerProcess
 from tasks.train.config import TrainConfig
 from tasks.train.harness import StageHarness, StageJob
 from tasks.train.rl import train_rl
+from tasks.train.rollout_engine import shared_weights_dir
 
 STEPS = 5
 
@@ -62,6 +63,7 @@ def engine_config() -> TrainConfig:
 
 def test_rl_samples_from_an_engine_fed_each_update_and_survives_its_death(wh):
     cfg = engine_config()
+    cfg.rl.rollout_engine.weight_sync = "stream"   # the weights in the request body (the default is shared memory)
     sft_job = seeded_sft_job(wh, cfg)
     job = StageJob(stage="rl", home=str(wh.home), run_name="engine", profile="test", init_model=sft_job.init_model,
                    data_ref=str(wh.latest("rl_prompts")), config=cfg.model_dump(), fingerprint="engine")
@@ -110,10 +112,13 @@ def test_an_engine_sampling_ahead_stays_within_the_staleness_bound(wh):
     assert (rollouts["policy_version_last"] == rollouts["policy_version"]).all()
     # on a stale step the first update's ratio is the current policy over the sampler's: not 1
     assert all(abs(r["ratio_mean"] - 1.0) > 1e-4 for r in curve if r["policy_staleness"] > 0)
-    # weights streamed from memory: a push per step after the first, no directory written
+    # weights through shared memory: a push per step after the first, nothing written to disk, and
+    # the stage's shared-memory snapshots gone with it
     assert [r["engine_syncs"] for r in curve] == list(range(STEPS))
     assert all(r["engine_sync_bytes"] > 0 for r in curve[1:])
     assert not list((job.stage_path / "engine_weights").glob("v*"))
+    assert json.loads((job.stage_path / "engine.json").read_text())["weight_sync"] == "shm"
+    assert not shared_weights_dir().exists()
 
 
 def _push(server, state_blob: bytes, version: int) -> dict:

@@ -159,9 +159,10 @@ class RolloutEngineConfig(_Strict):
                                 "this many tokens with the weights it began under; its generations still running "
                                 "there continue under the next update's weights (each token's version is kept). "
                                 "None: every batch is sampled by one version")
-    weight_sync: Literal["stream", "disk"] = Field(
-        "stream", description="how weights reach the engine: 'stream' posts the state dict from rank memory "
-                              "(one safetensors blob, no file); 'disk' writes a Hugging Face directory it loads")
+    weight_sync: Literal["shm", "stream", "disk"] = Field(
+        "shm", description="how weights reach the engine, as one safetensors blob of the state dict: 'shm' in "
+                           "shared memory (/dev/shm; 'stream' where it is missing or too small), 'stream' in the "
+                           "request body; 'disk': a Hugging Face directory under the stage")
     device: str = Field("cpu", description="where the engine samples (cuda on a GPU machine)")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     threads: int | None = Field(1, ge=1, description="torch threads of the engine process")

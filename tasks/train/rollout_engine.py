@@ -4,9 +4,11 @@
 current weights (staleness 0), nothing to sync. ``ServedSampler`` runs a separate
 ``posttrain serve-model`` process (the rollout engine, as vLLM/SGLang engines sit beside the
 trainer ranks in verl or OpenRLHF). At the start of every step whose weights moved, the ranks
-push them (gathered under ZeRO-3): by default rank 0 streams the state dict from memory to the
-engine's /v1/weights/stream as one safetensors blob (``weight_sync: stream``); ``disk`` writes
-a Hugging Face directory instead. The engine stores a push and puts it in force between
+push them (gathered under ZeRO-3) as one safetensors blob of the state dict, no checkpoint:
+``weight_sync: shm`` (default) puts it in shared memory (a file in ``/dev/shm``, RAM) and the
+engine reads it from there (falling back to ``stream`` where ``/dev/shm`` is missing or too
+small); ``stream`` posts it in the request body to /v1/weights/stream; ``disk`` writes a
+Hugging Face directory under the stage. The engine stores a push and puts it in force between
 batches, so a push never waits for sampling in progress.
 
 Asynchronous rollouts: with ``batches_ahead`` d > 0 (``max_staleness`` allows it), rank 0 asks
@@ -25,6 +27,8 @@ an unfinished request needs (rank 0 keeps those snapshots), then the requests ar
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
 import subprocess
 import time
@@ -44,6 +48,7 @@ from tasks.train import checkpoint
 from tasks.train.config import RolloutEngineConfig
 from tasks.train.engine import barrier
 
+log = logging.getLogger("posttrain.train.rollout_engine")
 
 class InProcessSampler:
     """Samples with the engine's own module (ZeRO <= 2 keeps full weights on every rank)."""
@@ -133,6 +138,7 @@ class ServedSampler:
         self.ready: dict[int, list[list[Completion]]] = {}   # batches restored from a checkpoint
         self.server: ServerProcess | None = None
         self.client: OpenAIBackend | None = None
+        self._warned_shm = False
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-requests") if is_rank0 else None
         if is_rank0:
             self._start()
@@ -202,6 +208,8 @@ class ServedSampler:
             snapshot = target
         else:
             snapshot = checkpoint.state_dict_bytes(self.engine, self.zero_stage, self.is_rank0)
+            if self.is_rank0 and self.cfg.weight_sync == "shm":
+                snapshot = self._in_shared_memory(version, snapshot)
         if self.is_rank0:
             self.snapshots[version] = snapshot
             try:
@@ -218,6 +226,21 @@ class ServedSampler:
             self._describe(version)
         self.syncs += 1
         self.sync_seconds += time.monotonic() - started
+
+    def _in_shared_memory(self, version: int, blob: bytes) -> bytes | Path:
+        """``blob`` as ``model.safetensors`` in a directory of this process under ``/dev/shm`` (the
+        engine maps it from RAM); the blob itself, to stream, where there is no room."""
+        root = shared_weights_dir()
+        if root is None or shutil.disk_usage(root.parent).free < 2 * len(blob):
+            if not self._warned_shm:
+                log.warning("rollout engine weights: /dev/shm is missing or smaller than twice the model (%d MiB); "
+                            "streaming them in the request body instead (slower)", len(blob) >> 20)
+                self._warned_shm = True
+            return blob
+        target = root / f"v{version:08d}"
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "model.safetensors").write_bytes(blob)
+        return target
 
     def _post(self, version: int) -> None:
         snapshot = self.snapshots[version]
@@ -324,6 +347,35 @@ class ServedSampler:
         if self._sender is not None:
             self._sender.shutdown(wait=False, cancel_futures=True)
         self._stop_engine()
+        root = shared_weights_dir()
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+SHM = Path("/dev/shm")
+SHM_PREFIX = "posttrain-weights-"
+
+
+def shared_weights_dir() -> Path | None:
+    """This process's directory for weight snapshots in shared memory (None without /dev/shm).
+    Directories of processes that are gone (a trainer killed with SIGKILL) are removed."""
+    if not SHM.is_dir():
+        return None
+    for stale in SHM.glob(f"{SHM_PREFIX}*"):
+        pid = stale.name.removeprefix(SHM_PREFIX)
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    return SHM / f"{SHM_PREFIX}{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _succeeded(future: Future | None) -> bool:
