@@ -12,9 +12,11 @@ checkpoint's step on resume, so the curve continues without duplicated steps.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -104,30 +106,32 @@ class StepLog:
             fh.flush()
 
 
+@contextlib.contextmanager
+def _whole(module, zero_stage: int) -> Iterator[None]:
+    """While open, every rank's ``module`` holds whole parameters (a collective under ZeRO-3,
+    where they are sharded; nothing to do below it)."""
+    if zero_stage != 3:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+        yield
+
+
 def save_hf(engine, tokenizer, out_dir: Path, zero_stage: int, is_rank0: bool) -> None:
     """Final weights in Hugging Face format (collective under ZeRO-3, where params are sharded)."""
-    module = engine.module
-    if zero_stage == 3:
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-            if is_rank0:
-                _write_hf(module, tokenizer, out_dir)
-    elif is_rank0:
-        _write_hf(module, tokenizer, out_dir)
+    with _whole(engine.module, zero_stage):
+        if is_rank0:
+            _write_hf(engine.module, tokenizer, out_dir)
 
 
 def state_dict_bytes(engine, zero_stage: int, is_rank0: bool) -> bytes | None:
     """The module's weights as one safetensors blob on rank 0, None on the others (a collective
     under ZeRO-3, where params are sharded): a weight push without a file. A tensor sharing its
     storage with one before it (a tied weight) is sent once, as ``save_pretrained`` does."""
-    module = engine.module
-    if zero_stage == 3:
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-            return _state_blob(module) if is_rank0 else None
-    return _state_blob(module) if is_rank0 else None
+    with _whole(engine.module, zero_stage):
+        return _state_blob(engine.module) if is_rank0 else None
 
 
 def _state_blob(module) -> bytes:

@@ -171,11 +171,16 @@ class StageHarness:
         if self.job.mlflow_run_id and (step % self.stage_cfg.log_every == 0 or step + 1 == self.stage_cfg.steps):
             tracking.log_counters(metrics, prefix=self.job.stage, step=step, run_id=self.job.mlflow_run_id)
 
-    def maybe_checkpoint(self, engine, step: int, client_state: dict | None = None) -> None:
-        """After ``step`` (0-based) completed: save when (step + 1) is a multiple of checkpoint_every."""
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether a checkpoint follows ``step`` (0-based): (step + 1) is a multiple of
+        checkpoint_every, short of the last step (the final model is saved instead)."""
         done = step + 1
-        if done % self.stage_cfg.checkpoint_every == 0 and done < self.stage_cfg.steps:
-            checkpoint.save(engine, self.path, done, client_state or {}, self.stage_cfg.keep_checkpoints,
+        return done % self.stage_cfg.checkpoint_every == 0 and done < self.stage_cfg.steps
+
+    def maybe_checkpoint(self, engine, step: int, client_state: dict | None = None) -> None:
+        """After ``step`` (0-based) completed: save when ``checkpoint_due``."""
+        if self.checkpoint_due(step):
+            checkpoint.save(engine, self.path, step + 1, client_state or {}, self.stage_cfg.keep_checkpoints,
                             self.is_rank0)
 
     # -- the end --------------------------------------------------------------------------

@@ -586,7 +586,7 @@ def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, cur
         metrics["step_seconds"] = time.monotonic() - step_started
         h.record(step, metrics)
         last = metrics
-        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:   # maybe_checkpoint's condition
+        if h.checkpoint_due(step):
             _store_rollouts(h, pending, rewarder)
             pending = []
             sampler.prepare()   # the batches in flight may continue under these weights (partial rollouts)

@@ -44,7 +44,7 @@ from tasks.rollout.config import LocalConfig, OpenAIConfig
 from tasks.rollout.local import LocalBackend
 from tasks.rollout.openai_client import OpenAIBackend, OpenAIBackendError
 from tasks.rollout.server import ServerProcess
-from tasks.train import checkpoint
+from tasks.train import checkpoint, proc
 from tasks.train.config import RolloutEngineConfig
 from tasks.train.engine import barrier
 
@@ -111,14 +111,6 @@ class _Request:
         return body
 
 
-def completion_to_dict(c: Completion) -> dict:
-    return asdict(c)
-
-
-def completion_from_dict(d: dict) -> Completion:
-    return Completion(**d)
-
-
 class ServedSampler:
     """A ``serve-model`` engine process fed the trainer's weights (rank 0 talks to it)."""
 
@@ -139,6 +131,8 @@ class ServedSampler:
         self.server: ServerProcess | None = None
         self.client: OpenAIBackend | None = None
         self._warned_shm = False
+        # where shared-memory snapshots go (looked up once: it clears dead trainers' directories)
+        self.shm_root = shared_weights_dir() if is_rank0 and cfg.weight_sync == "shm" else None
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-requests") if is_rank0 else None
         if is_rank0:
             self._start()
@@ -230,7 +224,7 @@ class ServedSampler:
     def _in_shared_memory(self, version: int, blob: bytes) -> bytes | Path:
         """``blob`` as ``model.safetensors`` in a directory of this process under ``/dev/shm`` (the
         engine maps it from RAM); the blob itself, to stream, where there is no room."""
-        root = shared_weights_dir()
+        root = self.shm_root
         if root is None or shutil.disk_usage(root.parent).free < 2 * len(blob):
             if not self._warned_shm:
                 log.warning("rollout engine weights: /dev/shm is missing or smaller than twice the model (%d MiB); "
@@ -330,11 +324,11 @@ class ServedSampler:
         ahead = sorted(step for step, round_ in self.requests if round_ == 0)
         batches = {**self.ready, **{step: self._take((step, 0)) for step in ahead}}
         self.ready = dict(batches)
-        return {"batches": {str(step): [[completion_to_dict(c) for c in g] for g in groups]
+        return {"batches": {str(step): [[asdict(c) for c in g] for g in groups]
                             for step, groups in sorted(batches.items())}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.ready = {int(step): [[completion_from_dict(c) for c in g] for g in groups]
+        self.ready = {int(step): [[Completion(**c) for c in g] for g in groups]
                       for step, groups in (state or {}).get("batches", {}).items()}
 
     def _stop_engine(self) -> None:
@@ -347,9 +341,8 @@ class ServedSampler:
         if self._sender is not None:
             self._sender.shutdown(wait=False, cancel_futures=True)
         self._stop_engine()
-        root = shared_weights_dir()
-        if root is not None:
-            shutil.rmtree(root, ignore_errors=True)
+        if self.shm_root is not None:
+            shutil.rmtree(self.shm_root, ignore_errors=True)
 
 
 SHM = Path("/dev/shm")
@@ -363,19 +356,9 @@ def shared_weights_dir() -> Path | None:
         return None
     for stale in SHM.glob(f"{SHM_PREFIX}*"):
         pid = stale.name.removeprefix(SHM_PREFIX)
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not proc.process_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
     return SHM / f"{SHM_PREFIX}{os.getpid()}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _succeeded(future: Future | None) -> bool:
