@@ -86,15 +86,14 @@ def test_each_rank_holds_half_the_model_and_peaks_under_it_while_loading(ranks):
         assert sharded["held_param_bytes"] == pytest.approx(full / 2, rel=0.01)   # its partitions only
         assert whole["held_param_bytes"] == full                                   # every rank, all of it
         assert sharded["held_param_bytes_in_engine"] == whole["held_param_bytes_in_engine"]
-    # rank 1 never sees the checkpoint's values (transformers reads them on rank 0 alone, as meta
-    # tensors elsewhere): its partitions plus one module gathered at a time, well under the model
-    assert ranks[1]["sharded"]["load_peak_bytes"] < 0.75 * full
-    assert ranks[1]["sharded"]["load_peak_bytes"] < 0.75 * ranks[1]["whole"]["load_peak_bytes"]
-    # rank 0 maps the whole checkpoint file to fill each module in turn (file pages, counted in
-    # its RSS), its partitions on top; in anonymous memory every rank stays under the model
-    assert ranks[0]["sharded"]["load_peak_bytes"] < 1.75 * full
+    # in anonymous memory (what a rank really takes; RSS also counts file pages: the checkpoint
+    # mapped on rank 0, and code pages first touched by the first load, ~0.07x the model on CI's
+    # clean machine) every rank holds its partitions plus one module gathered at a time: ~0.65x
     for rank in ranks:
         assert rank["sharded"]["load_anon_peak_bytes"] < 0.75 * full
+    # rank 1 never sees the checkpoint's values (transformers reads them on rank 0 alone, as meta
+    # tensors elsewhere): even its RSS peak stays well under that of a whole load (~1.0x the model)
+    assert ranks[1]["sharded"]["load_peak_bytes"] < 0.9 * ranks[1]["whole"]["load_peak_bytes"]
 
 
 def test_the_fused_head_is_adopted_partitioned_and_scores_like_a_whole_load(ranks):
