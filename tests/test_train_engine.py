@@ -28,8 +28,12 @@ def small_config(**engine) -> TrainConfig:
         sft_long={"steps": 2, "checkpoint_every": 2, "min_tokens": 257, "max_tokens": 1024})
 
 
-def seeded_sft_job(wh, cfg: TrainConfig, stage_steps: int | None = None, run_name: str = "test"):
-    """A warehouse with synthetic tasks, a cached small base model and the sft_data table."""
+def seeded_sft_job(wh, cfg: TrainConfig, stage_steps: int | None = None, run_name: str = "test",
+                   stage: str = "sft_short"):
+    """A warehouse with synthetic tasks, a cached small base model and the training tables; the
+    job of ``stage`` (by default sft_short) on its table."""
+    from data_specs.stages import train_stage
+
     from transformers import AutoTokenizer
 
     from tasks.train.base_model import prepare_base_model
@@ -43,9 +47,9 @@ def seeded_sft_job(wh, cfg: TrainConfig, stage_steps: int | None = None, run_nam
     base = prepare_base_model(wh, cfg.base_model, SMALL_MODEL)
     refs, _ = write_training_tables(wh, cfg, AutoTokenizer.from_pretrained(base))
     if stage_steps is not None:
-        cfg.sft_short.steps = stage_steps
-    return StageJob(stage="sft_short", home=str(wh.home), run_name=run_name, profile="test", init_model=str(base),
-                    data_ref=str(refs["sft_data"]), config=cfg.model_dump(), fingerprint="test")
+        getattr(cfg, stage).steps = stage_steps
+    return StageJob(stage=stage, home=str(wh.home), run_name=run_name, profile="test", init_model=str(base),
+                    data_ref=str(refs[train_stage(stage).table]), config=cfg.model_dump(), fingerprint="test")
 
 
 def test_a_changed_model_section_builds_a_base_model_of_its_own_shape(wh):

@@ -108,10 +108,13 @@ def test_the_fused_head_is_adopted_partitioned_and_scores_like_a_whole_load(rank
         torch.testing.assert_close(sharded, whole, rtol=0, atol=1e-5)
 
 
-def test_a_zero3_stage_loaded_partitioned_trains_to_the_whole_load_model(wh):
-    """The SFT stage on the in-house hybrid at ZeRO-3, 2 ranks: loaded partitioned through the
-    harness (the launcher log says so), it trains, and its saved model equals the one the same
-    stage saves when every rank loads the policy whole."""
+@pytest.mark.parametrize("stage", ["sft_short", "dpo_short"])
+def test_a_zero3_stage_loaded_partitioned_trains_to_the_whole_load_model(wh, stage):
+    """The SFT and DPO stages on the in-house hybrid at ZeRO-3, 2 ranks: loaded partitioned
+    through the harness (the launcher log says so), each trains, and its saved model equals the
+    one the same stage saves when every rank loads the policy whole. DPO scores its reference
+    through the engine (the partitioned policy cannot run outside it): the same reference
+    log-probs as the whole model's."""
     import torch
     from safetensors.torch import load_file
     from test_train_engine import seeded_sft_job, small_config
@@ -119,14 +122,14 @@ def test_a_zero3_stage_loaded_partitioned_trains_to_the_whole_load_model(wh):
     from tasks.train.runner import execute_stage
 
     cfg = small_config(zero_stage=3, num_ranks=2, launcher="torchrun")
-    job = seeded_sft_job(wh, cfg, stage_steps=3, run_name="partitioned")
+    job = seeded_sft_job(wh, cfg, stage_steps=3, run_name="partitioned", stage=stage)
     result = execute_stage(job, timeout_s=300)
     log = (job.stage_path / "launcher.log").read_text()
-    assert "sft_short loads" in log and "partitioned across 2 rank(s) (ZeRO-3)" in log
+    assert f"{stage} loads" in log and "partitioned across 2 rank(s) (ZeRO-3)" in log
     steps = [json.loads(line) for line in (job.stage_path / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [0, 1, 2] and all(s["grad_norm"] > 0 for s in steps)
 
-    reference = seeded_sft_job(wh, cfg, stage_steps=3, run_name="whole-load")
+    reference = seeded_sft_job(wh, cfg, stage_steps=3, run_name="whole-load", stage=stage)
     reference.stage_path.mkdir(parents=True, exist_ok=True)
     reference.save(reference.stage_path / "job.json")
     done = _torchrun([__file__, "--whole-load", "--job", str(reference.stage_path / "job.json")], timeout_s=300)
@@ -134,6 +137,11 @@ def test_a_zero3_stage_loaded_partitioned_trains_to_the_whole_load_model(wh):
     assert "partitioned across" not in done.stdout + done.stderr
     reference_steps = [json.loads(line) for line in (reference.stage_path / "steps.jsonl").read_text().splitlines()]
     assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in reference_steps], abs=1e-5)
+    if stage == "dpo_short":
+        scored, whole = (json.loads((j.stage_path / "reference_logps.json").read_text()) for j in (job, reference))
+        assert scored.keys() == whole.keys() and len(scored) > 0
+        for pair_id, logps in whole.items():
+            assert scored[pair_id] == pytest.approx(logps, abs=1e-4), pair_id
 
     trained = load_file(Path(result["path"]) / "model.safetensors")
     expected = load_file(reference.stage_path / "final" / "model.safetensors")

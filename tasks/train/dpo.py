@@ -66,9 +66,13 @@ def train_dpo(h: StageHarness) -> dict:
     chosen = [encode_example(tokenizer, p, c, d) for p, c, d in zip(data["prompt"], data["chosen"], data["domain"])]
     rejected = [encode_example(tokenizer, p, r, d) for p, r, d in zip(data["prompt"], data["rejected"], data["domain"])]
     pad = pad_id_of(tokenizer)
-    reference = reference_logps(h, model, pair_ids, chosen, rejected, pad)
+    if h.partitioned:   # ZeRO-3: the reference is scored through the engine, one module gathered at a time
+        engine = h.create_engine(model)
+        reference = reference_logps(h, engine.module, pair_ids, chosen, rejected, pad)
+    else:               # whole: scored before the engine exists (in FP32 where the engine casts to bf16)
+        reference = reference_logps(h, model, pair_ids, chosen, rejected, pad)
+        engine = h.create_engine(model)
     cfg = h.stage_cfg
-    engine = h.create_engine(model)
     start, _ = h.resume(engine)
     loss_value = None
     for step in range(start, cfg.steps):

@@ -78,6 +78,7 @@ class StageHarness:
         self.is_rank0 = rank() == 0
         self.steps = checkpoint.StepLog(self.path, enabled=self.is_rank0)
         self.history: list[dict] = []
+        self.partitioned = False   # set by load_policy
         self.started = time.time()
         if job.tracking_uri:   # the job names its store: launcher-started ranks log where the flow does
             tracking.configure(job.tracking_uri)
@@ -89,23 +90,22 @@ class StageHarness:
         whole, in FP32."""
         from model.loading import load_causal_lm
 
-        model, tokenizer = load_causal_lm(self.job.init_model, dtype="float32",
-                                          zero3_config=self._partitioned_load_config())
+        zero3_config = self._partitioned_load_config()
+        model, tokenizer = load_causal_lm(self.job.init_model, dtype="float32", zero3_config=zero3_config)
+        # a partitioned policy runs only inside its engine (whose hooks gather each module's
+        # parameters for its forward): a recipe that scores with the policy before training
+        # (DPO's reference) asks this and builds the engine first
+        self.partitioned = zero3_config is not None
         return model.train(), tokenizer
-
-    # recipes that run the policy before wrapping it in the engine (DPO scores its reference
-    # log-probs with it), which a partitioned model cannot do outside an engine
-    _RUNS_POLICY_BEFORE_ENGINE = frozenset({"dpo"})
 
     def _partitioned_load_config(self) -> dict | None:
         """The DeepSpeed config ``create_engine`` will build for this stage when it is ZeRO-3
         (the same generator, the same global batch; clipping does not matter to ``zero.Init``),
         with the process group it needs set up; None for a whole-model load."""
-        from data_specs.stages import train_stage
         from tasks.train.engine import engine_setup
 
         engine = self.cfg.engine
-        if engine.zero_stage != 3 or train_stage(self.job.stage).recipe in self._RUNS_POLICY_BEFORE_ENGINE:
+        if engine.zero_stage != 3:
             return None
         ds_config = engine_setup(engine)
         import deepspeed
