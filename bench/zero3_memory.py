@@ -83,15 +83,36 @@ def param_bytes(model) -> tuple[int, int]:
     return held, full
 
 
-def probe_batch(vocab_size: int, seed: int = 0):
+def probe_batch(vocab_size: int, seed: int = 0, length: int = 24):
     import torch
 
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, vocab_size, (2, 24), generator=gen)
+    ids = torch.randint(1, vocab_size, (2, length), generator=gen)
     return ids, torch.ones_like(ids)
 
 
-def rank_worker(model_path: str, modes: list[str], out_dir: Path) -> None:
+def train_steps(engine, steps: int, tokens: int, anonymous: "AnonymousPeak") -> dict:
+    """``steps`` optimizer steps of the ZeRO-3 engine on one fixed batch of 2 x ``tokens``
+    (the first a warm-up, not timed): seconds per step, and the peak anonymous memory above the
+    rank's memory before the first step."""
+    import torch
+
+    from tasks.train.engine import backward_and_step
+
+    ids, mask = probe_batch(engine.module.config.vocab_size, seed=1, length=tokens)
+    engine.module.train()
+    base = anonymous.reset()
+    times = []
+    for _ in range(steps + 1):
+        started = time.perf_counter()
+        loss = engine.module(input_ids=ids, attention_mask=mask, labels=ids).loss
+        backward_and_step(engine, loss)
+        times.append(time.perf_counter() - started)
+    torch.distributed.barrier()
+    return {"step_seconds": round(sum(times[1:]) / steps, 3), "train_anon_peak_bytes": anonymous.peak - base}
+
+
+def rank_worker(model_path: str, modes: list[str], out_dir: Path, steps: int = 0, tokens: int = 256) -> None:
     import torch
 
     from model.logprobs import token_logprobs
@@ -139,6 +160,8 @@ def rank_worker(model_path: str, modes: list[str], out_dir: Path) -> None:
         results[mode] = {"load_peak_bytes": peak, "load_anon_peak_bytes": anon_peak, "load_seconds": round(seconds, 2), "held_param_bytes": held,
                          "held_param_bytes_in_engine": held_in_engine, "model_param_bytes": full,
                          "head": head, "logp": logp.tolist()}
+        if steps:
+            results[mode].update(train_steps(engine, steps, tokens, anonymous))
         engine.destroy()
         del engine, model
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -147,7 +170,7 @@ def rank_worker(model_path: str, modes: list[str], out_dir: Path) -> None:
 
 # -- the driver -------------------------------------------------------------------------------
 def launch(model_path: Path, modes: list[str], out_dir: Path, ranks: int = 2, timeout_s: float = 600,
-           mmap_threshold: int | None = None) -> list[dict]:
+           mmap_threshold: int | None = None, steps: int = 0, tokens: int = 256) -> list[dict]:
     """Run ``rank_worker`` on ``ranks`` torchrun ranks; each rank's results, by rank.
 
     ``mmap_threshold`` (bytes) fixes glibc's mmap threshold in the ranks
@@ -158,7 +181,8 @@ def launch(model_path: Path, modes: list[str], out_dir: Path, ranks: int = 2, ti
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(ranks),
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(Path(__file__).resolve()),
-           "--worker", "--model", str(model_path), "--out", str(out_dir), "--modes", *modes]
+           "--worker", "--model", str(model_path), "--out", str(out_dir), "--modes", *modes,
+           "--train-steps", str(steps), "--train-tokens", str(tokens)]
     env = subprocess_env({"MALLOC_MMAP_THRESHOLD_": str(mmap_threshold)} if mmap_threshold else None)
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout_s, check=False)
@@ -183,9 +207,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--malloc-mmap-threshold", type=int, default=None, metavar="BYTES",
                         help="fix glibc's mmap threshold in the ranks (e.g. 1048576); default: glibc's dynamic one")
+    parser.add_argument("--train-steps", type=int, default=0,
+                        help="after loading, time this many ZeRO-3 optimizer steps (plus one warm-up) per mode")
+    parser.add_argument("--train-tokens", type=int, default=256, help="tokens per row of the 2-row training batch")
     args = parser.parse_args()
     if args.worker:
-        rank_worker(args.model, args.modes, args.out)
+        rank_worker(args.model, args.modes, args.out, args.train_steps, args.train_tokens)
         return
 
     import tempfile
@@ -198,7 +225,8 @@ def main() -> None:
         for mode in args.modes:   # a fresh launch per mode: nothing left over from the other
             started = time.perf_counter()
             ranks = launch(model_path, [mode], Path(tmp) / mode, args.ranks,
-                           mmap_threshold=args.malloc_mmap_threshold)
+                           mmap_threshold=args.malloc_mmap_threshold, steps=args.train_steps,
+                           tokens=args.train_tokens)
             per_mode[mode] = [r[mode] for r in ranks]
             print(f"{mode}: launch done in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     full = per_mode[args.modes[0]][0]["model_param_bytes"]
@@ -220,6 +248,13 @@ def main() -> None:
                   f"{sharded['load_peak_bytes'] / whole['load_peak_bytes']:.2f}, anonymous "
                   f"{sharded['load_anon_peak_bytes'] / whole['load_anon_peak_bytes']:.2f}; "
                   f"params held {sharded['held_param_bytes'] / full:.2f} of the model")
+    if args.train_steps:
+        for mode, ranks in per_mode.items():
+            for r, res in enumerate(ranks):
+                print(f"train {mode:8} rank {r}: {res['step_seconds']:.3f} s/step over {args.train_steps} steps of "
+                      f"2 x {args.train_tokens} tokens, peak anon above the loaded engine "
+                      f"{res['train_anon_peak_bytes'] / MIB:.1f} MiB")
+    if set(MODES) <= set(per_mode):
         gap = (torch.tensor(per_mode["sharded"][0]["logp"]) - torch.tensor(per_mode["whole"][0]["logp"])).abs().max()
         print(f"heads: sharded {per_mode['sharded'][0]['head']}, whole {per_mode['whole'][0]['head']}; "
               f"max |Δ log-prob| through the ZeRO-3 engine, sharded vs whole load: {float(gap):.2e}")

@@ -28,10 +28,27 @@ WIDE_LLAMA = {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers
               "num_attention_heads": 8, "num_key_value_heads": 8}
 
 
-# glibc's mmap threshold fixed in the ranks: zero.Init frees each module's whole parameters after
-# partitioning them, and under glibc's dynamic threshold those freed blocks stay in the heap as
-# holes the partitions fill only in part (the rank then peaks at ~1.4x the model, not ~0.7x)
+# glibc's mmap threshold fixed in the ranks, as ZeRO-3 stages fix it (engine.malloc_mmap_threshold:
+# auto): zero.Init frees each module's whole parameters after partitioning them, and under glibc's
+# dynamic threshold those freed blocks stay in the heap as holes the partitions fill only in part
+# (the rank then peaks at ~1.4x the model, not ~0.7x)
 MMAP_THRESHOLD = 2**20
+
+
+def test_zero3_ranks_get_a_fixed_mmap_threshold_unless_told_otherwise(monkeypatch):
+    from tasks.train.config import EngineConfig
+    from tasks.train.engine import MMAP_THRESHOLD_ENV, ZERO3_MMAP_THRESHOLD, rank_env
+
+    monkeypatch.delenv(MMAP_THRESHOLD_ENV, raising=False)
+    assert ZERO3_MMAP_THRESHOLD == MMAP_THRESHOLD
+    assert rank_env(EngineConfig(zero_stage=3)) == {MMAP_THRESHOLD_ENV: str(MMAP_THRESHOLD)}
+    assert rank_env(EngineConfig(zero_stage=2)) == {}                            # glibc's own elsewhere
+    assert rank_env(EngineConfig(zero_stage=3, malloc_mmap_threshold="glibc")) == {}
+    assert rank_env(EngineConfig(zero_stage=1, malloc_mmap_threshold=65536)) == {MMAP_THRESHOLD_ENV: "65536"}
+    monkeypatch.setenv(MMAP_THRESHOLD_ENV, "4096")                                 # the user's own wins
+    assert rank_env(EngineConfig(zero_stage=3)) == {}
+    with pytest.raises(ValueError, match="malloc_mmap_threshold"):
+        EngineConfig(malloc_mmap_threshold=-1)
 
 
 def _torchrun(script_args: list[str], timeout_s: float, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -125,7 +142,7 @@ def test_a_zero3_stage_loaded_partitioned_trains_to_the_whole_load_model(wh, sta
     job = seeded_sft_job(wh, cfg, stage_steps=3, run_name="partitioned", stage=stage)
     result = execute_stage(job, timeout_s=300)
     log = (job.stage_path / "launcher.log").read_text()
-    assert f"{stage} loads" in log and "partitioned across 2 rank(s) (ZeRO-3)" in log
+    assert f"{stage} loads" in log and "partitioned across 2 rank(s) (ZeRO-3; glibc mmap threshold: 1048576)" in log
     steps = [json.loads(line) for line in (job.stage_path / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [0, 1, 2] and all(s["grad_norm"] > 0 for s in steps)
 

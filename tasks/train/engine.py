@@ -193,6 +193,21 @@ def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+MMAP_THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"
+ZERO3_MMAP_THRESHOLD = 2**20
+
+
+def rank_env(engine_cfg: EngineConfig) -> dict[str, str]:
+    """What launcher-started ranks get on top of ``subprocess_env``: glibc's mmap threshold
+    (``engine.malloc_mmap_threshold``) unless the environment already sets it."""
+    threshold = engine_cfg.malloc_mmap_threshold
+    if threshold == "auto":
+        threshold = ZERO3_MMAP_THRESHOLD if engine_cfg.zero_stage == 3 else "glibc"
+    if threshold == "glibc" or MMAP_THRESHOLD_ENV in os.environ:
+        return {}
+    return {MMAP_THRESHOLD_ENV: str(threshold)}
+
+
 def launcher_command(engine_cfg: EngineConfig, job_path: Path) -> list[str]:
     entry = str(Path(__file__).with_name("launcher_entry.py"))
     port = str(free_port())
@@ -214,7 +229,8 @@ def run_launcher(engine_cfg: EngineConfig, job_path: Path, log_path: Path,
     directory's lock) stay open in the launcher."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
-        return proc.spawn_tied(launcher_command(engine_cfg, job_path), cwd=str(REPO_ROOT), env=subprocess_env(),
+        return proc.spawn_tied(launcher_command(engine_cfg, job_path), cwd=str(REPO_ROOT),
+                               env=subprocess_env(rank_env(engine_cfg)),
                                stdout=log, stderr=subprocess.STDOUT, pass_fds=pass_fds)
 
 

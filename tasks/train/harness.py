@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -102,7 +103,7 @@ class StageHarness:
         """The DeepSpeed config ``create_engine`` will build for this stage when it is ZeRO-3
         (the same generator, the same global batch; clipping does not matter to ``zero.Init``),
         with the process group it needs set up; None for a whole-model load."""
-        from tasks.train.engine import engine_setup
+        from tasks.train.engine import MMAP_THRESHOLD_ENV, engine_setup
 
         engine = self.cfg.engine
         if engine.zero_stage != 3:
@@ -113,7 +114,8 @@ class StageHarness:
         deepspeed.init_distributed()   # before zero.Init reads the config: it checks the batch against the world
         if self.is_rank0:
             print(f"posttrain: {self.job.stage} loads {self.job.init_model} partitioned across "
-                  f"{world_size()} rank(s) (ZeRO-3)", file=sys.stderr, flush=True)
+                  f"{world_size()} rank(s) (ZeRO-3; glibc mmap threshold: "
+                  f"{os.environ.get(MMAP_THRESHOLD_ENV, 'dynamic')})", file=sys.stderr, flush=True)
         return ds_config
 
     def read_data(self) -> pl.DataFrame:
