@@ -534,7 +534,9 @@ def _newest_experiment(home: str | None) -> tuple[str, str] | None:
     store = posttrain_home(home) / "mlflow.db"
     if not store.exists():
         return None
-    client = MlflowClient(tracking_uri=tracking.default_tracking_uri(home))
+    uri = tracking.default_tracking_uri(home)
+    tracking.ensure_store(uri)   # not read while another command is still creating it
+    client = MlflowClient(tracking_uri=uri)
     experiments = {e.experiment_id: e.name for e in client.search_experiments() if e.name != "Default"}
     if not experiments:
         return None

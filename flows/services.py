@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from tasks.tracking import relocate_store
+from tasks.tracking import ensure_store, relocate_store
 from warehouse import posttrain_home
 
 
@@ -241,6 +241,7 @@ def start_mlflow_ui(port: int = 5000, home: str | None = None, tracking_uri: str
     port = free_port(port)
     store = tracking_uri or f"sqlite:///{home_path / 'mlflow.db'}"
     relocate_store(store)   # a copied home's UI shows (and serves) its own artifacts
+    ensure_store(store)     # created here, under the store's lock, not by the server beside a running command
     artifacts = home_path / "artifacts" / "mlflow"
     artifacts.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}

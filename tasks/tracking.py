@@ -42,7 +42,30 @@ def configure(tracking_uri: str | None = None, home: str | os.PathLike | None = 
     uri = tracking_uri or os.environ.get(TRACKING_URI_ENV) or default_tracking_uri(home)
     relocate_store(uri)
     mlflow.set_tracking_uri(uri)
+    ensure_store(uri)
     return uri
+
+
+_READY_STORES: set[str] = set()
+STORE_LOCK_TIMEOUT_S = 300
+
+
+def ensure_store(uri: str) -> None:
+    """A SQLite store created (or migrated to this MLflow's schema) by one process at a time:
+    MLflow builds its tables with alembic when it first opens a store, and two commands started
+    at once on a new home would otherwise both run the migrations on the same file (one fails:
+    "duplicate column name", "table _alembic_tmp_metrics already exists"). Holds
+    ``<store>.lock`` while the first use opens it; MLflow then reuses the opened store in
+    this process. Other stores are left to their server."""
+    if not uri.startswith("sqlite:///") or uri in _READY_STORES:
+        return
+    from filelock import FileLock
+
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(db.with_name(db.name + ".lock")), timeout=STORE_LOCK_TIMEOUT_S):
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    _READY_STORES.add(uri)
 
 
 # where MLflow's SQLite store names artifact directories (MLflow 3: runs, experiments, logged models)

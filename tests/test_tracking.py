@@ -115,3 +115,52 @@ def test_a_flow_called_from_a_pipeline_task_logs_to_its_own_flow_run():
     outer()
     assert seen["logged_to"] == seen["inner"] != seen["outer"]
     assert seen["task_logged_to"] == seen["outer"]   # a task's own records stay on its run
+
+
+_FIRST_COMMAND = """
+import sys, time
+from pathlib import Path
+home, go = sys.argv[1], Path(sys.argv[2])
+from tasks import tracking
+Path(f"{go}.{sys.argv[3]}").touch()   # imported: ready for the go
+while not go.exists():
+    time.sleep(0.005)
+tracking.configure(home=home)
+experiment = tracking.ensure_experiment("posttrain-race", home=home)
+with tracking.tracked_run(sys.argv[3], experiment="posttrain-race") as run_id:
+    tracking.log_counters({"rows": 1})
+print(run_id)
+"""
+
+
+def test_commands_started_at_once_on_a_new_home_share_one_store(tmp_path):
+    """Four processes open a home's MLflow store that does not exist yet, released at the same
+    moment: one creates it (MLflow's migrations under the store's lock), the others wait and
+    use it; each records its run. Without the lock two of them run the migrations on the same
+    file and fail ("duplicate column name", "table _alembic_tmp_metrics already exists")."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from mlflow.tracking import MlflowClient
+
+    from tasks import tracking
+    from tasks.train.engine import subprocess_env
+
+    home, go = tmp_path / "home", tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", _FIRST_COMMAND, str(home), str(go), f"command-{i}"],
+                              env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(4)]
+    deadline = time.time() + 240
+    while not all(Path(f"{go}.command-{i}").exists() for i in range(4)):   # all imported, all waiting
+        assert time.time() < deadline and all(p.poll() is None for p in procs), [p.poll() for p in procs]
+        time.sleep(0.05)
+    go.touch()
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    client = MlflowClient(tracking_uri=tracking.default_tracking_uri(home))
+    runs = client.search_runs([client.get_experiment_by_name("posttrain-race").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == [f"command-{i}" for i in range(4)]
+    assert {r.info.run_id for r in runs} == {out.strip().splitlines()[-1] for out, _ in outs}
