@@ -48,8 +48,8 @@ def tournaments_task(wh: Warehouse, cfg: ReferencesConfig, judge: GenRMJudge, ba
 
 @task(name="references-validate-judge", cache_policy=NO_CACHE)
 def validation_task(wh: Warehouse, cfg: ReferencesConfig, judge: GenRMJudge, backends: dict,
-                    labelled_files: list[str], run_id: str):
-    return run_judge_validation(wh, cfg, judge, backends, labelled_files, run_id)
+                    labelled_files: list[str], run_id: str, sources: dict[str, TableRef] | None = None):
+    return run_judge_validation(wh, cfg, judge, backends, labelled_files, run_id, sources)
 
 
 @flow(name="references", log_prints=True, flow_run_name="references")
@@ -58,8 +58,9 @@ def references_flow(profile: str = "tiny", home: str | None = None, prompts: lis
                     sources: dict[str, TableRef] | None = None) -> dict:
     """Pick and store a reference per open prompt; validate the judge (unless disabled).
 
-    ``sources``: the prompt tables' snapshots to draw open prompts from (the pipeline hands
-    over what curate wrote); a table not among them is read at its newest.
+    ``sources``: the prompt tables' snapshots to draw open prompts from and to build the judge
+    benchmark from (the pipeline hands over what curate wrote); a table not among them is read
+    at its newest.
 
     ``prompts``: extra open prompts (text, or dicts with ``prompt`` and optional ``id``,
     ``domain``, ``constraints``) judged beside the configured table's rows.
@@ -82,7 +83,7 @@ def references_flow(profile: str = "tiny", home: str | None = None, prompts: lis
         refs = dict(report.refs)
         validation: dict[str, float] = {}
         if cfg.validation.enabled if validate_judge is None else validate_judge:
-            validation, val_refs = validation_task(wh, cfg, judge, backends, labelled_files or [], ctx.run_id)
+            validation, val_refs = validation_task(wh, cfg, judge, backends, labelled_files or [], ctx.run_id, sources)
             tracking.log_counters(validation, prefix="genrm", run_id=ctx.run_id)
             log.info("judge validation: %s", {k: round(v, 3) for k, v in validation.items()})
             refs["judge_benchmark"] = val_refs["judge_benchmark"]

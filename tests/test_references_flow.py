@@ -186,3 +186,26 @@ def test_current_references_takes_each_prompts_latest_run(wh):
                                           {**base, "prompt_id": "b", "run_id": "r1", "reference": "kept"}]))
     wh.append("references", pl.DataFrame([{**base, "prompt_id": "a", "run_id": "r2", "reference": "new"}]))
     assert current_references(wh).select("prompt_id", "reference").rows() == [("a", "new"), ("b", "kept")]
+
+
+def test_the_judge_benchmark_reads_the_prompt_snapshot_it_was_handed(wh):
+    """The pipeline hands the references flow the snapshot curate read; a later ingest (a newer
+    ``prompts`` snapshot) must not change the judge benchmark built from it, and the benchmark
+    records the snapshot it read as its parent. Without ``sources`` the newest is read."""
+    from tasks.genrm.validation import build_judge_benchmark
+
+    cfg = ReferencesConfig.model_validate({"validation": {"math_items": 10, "synthetic_items": 0}})
+    handed = wh.write("prompts", pl.DataFrame(prompt_rows()))
+    later = [{"id": "m9", "source": "test", "domain": "math", "prompt": "What is 9 + 9?", "answer": "18"}]
+    newest = wh.write("prompts", pl.DataFrame([{**r, "content_hash": content_hash(r["prompt"], r["answer"])}
+                                              for r in later]))
+    assert newest.snapshot != handed.snapshot
+
+    pinned, _ = build_judge_benchmark(wh, cfg, sources={"prompts": handed})
+    items = wh.read_ref(pinned)
+    assert set(items["source_id"]) == {"m1", "m2", "m3"}
+    assert [str(p) for p in wh.parents(pinned.name, pinned.snapshot)] == [str(handed)]
+
+    unpinned, _ = build_judge_benchmark(wh, cfg)
+    assert set(wh.read_ref(unpinned)["source_id"]) == {"m9"}
+    assert [str(p) for p in wh.parents(unpinned.name, unpinned.snapshot)] == [str(newest)]

@@ -20,7 +20,7 @@ import logging
 import math
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,20 +232,25 @@ def labelled_file_items(paths: Sequence[str | Path], run_id: str | None) -> tupl
 
 
 def build_judge_benchmark(wh: Warehouse, cfg: ReferencesConfig, labelled_files: Sequence[str] = (),
-                          run_id: str | None = None) -> tuple[TableRef, int]:
-    """Write ``judge_benchmark`` (replace): math-derived items plus user-labelled files."""
+                          run_id: str | None = None, sources: Mapping[str, TableRef] | None = None
+                          ) -> tuple[TableRef, int]:
+    """Write ``judge_benchmark`` (replace): math-derived items plus user-labelled files.
+    ``prompts`` and ``synthetic_tasks`` are read at the snapshots handed in ``sources`` (the
+    pipeline's), else at their newest; the snapshot read is the one recorded as a parent."""
     spec = get_spec("judge_benchmark")
     items = []
     parents = []
-    if wh.exists("prompts") and cfg.validation.math_items:
-        items += math_benchmark_items(wh.read("prompts"), cfg.validation.math_items, cfg.validation.seed)
-        parents.append(wh.latest("prompts"))
+    prompts = wh.pinned("prompts", sources)
+    if prompts is not None and cfg.validation.math_items:
+        items += math_benchmark_items(wh.read_ref(prompts), cfg.validation.math_items, cfg.validation.seed)
+        parents.append(prompts)
     v = cfg.validation
     if v.synthetic_tasks and v.synthetic_items:
         training_ids: set[str] = set()
-        if wh.exists("synthetic_tasks"):
-            training_ids = set(wh.read("synthetic_tasks")["id"].cast(pl.Utf8).to_list())
-            parents.append(wh.latest("synthetic_tasks"))
+        tasks_ref = wh.pinned("synthetic_tasks", sources)
+        if tasks_ref is not None:
+            training_ids = set(wh.read_ref(tasks_ref)["id"].cast(pl.Utf8).to_list())
+            parents.append(tasks_ref)
         items += synthetic_benchmark_items(v.synthetic_tasks, v.synthetic_items, v.synthetic_levels, v.seed,
                                            training_ids, v.synthetic_max_draws, v.synthetic_kinds)
     user_items, bad = labelled_file_items(list(cfg.validation.labelled_files) + list(labelled_files), run_id)
@@ -407,16 +412,19 @@ def best_of_n_gap(judge: GenRMJudge, prompts: pl.DataFrame, backend: RolloutBack
 
 def run_judge_validation(wh: Warehouse, cfg: ReferencesConfig, judge: GenRMJudge,
                          candidate_backends: dict[str, RolloutBackend] | None = None,
-                         labelled_files: Sequence[str] = (), run_id: str | None = None) -> tuple[dict[str, float], dict[str, TableRef]]:
-    """Build the benchmark, score the judge on it, run the BoN check; store every judgment."""
-    bench_ref, quarantined = build_judge_benchmark(wh, cfg, labelled_files, run_id)
+                         labelled_files: Sequence[str] = (), run_id: str | None = None,
+                         sources: Mapping[str, TableRef] | None = None) -> tuple[dict[str, float], dict[str, TableRef]]:
+    """Build the benchmark, score the judge on it, run the BoN check; store every judgment.
+    Prompt tables are read at the snapshots in ``sources``, else at their newest."""
+    bench_ref, quarantined = build_judge_benchmark(wh, cfg, labelled_files, run_id, sources)
     accuracy = judge_accuracy(judge, wh.read_ref(bench_ref), run_id)
     metrics = dict(accuracy.metrics, benchmark_items=float(bench_ref.rows), quarantined=float(quarantined))
     judgments = accuracy.judgments
-    if wh.exists("prompts") and cfg.validation.bon_prompts:
+    prompts = wh.pinned("prompts", sources)
+    if prompts is not None and cfg.validation.bon_prompts:
         policy = next((s.name for s in cfg.candidates if s.kind == "backend"), None)
         backend = (candidate_backends or {}).get(policy) if policy else None
-        bon = best_of_n_gap(judge, wh.read("prompts"), backend, cfg, run_id)
+        bon = best_of_n_gap(judge, wh.read_ref(prompts), backend, cfg, run_id)
         metrics.update(bon.metrics)
         judgments += bon.judgments
     spec = get_spec("judgments")
