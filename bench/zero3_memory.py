@@ -91,7 +91,7 @@ def probe_batch(vocab_size: int, seed: int = 0, length: int = 24):
     return ids, torch.ones_like(ids)
 
 
-def train_steps(engine, steps: int, tokens: int, anonymous: "AnonymousPeak") -> dict:
+def train_steps(engine, steps: int, tokens: int, anonymous: AnonymousPeak) -> dict:
     """``steps`` optimizer steps of the ZeRO-3 engine on one fixed batch of 2 x ``tokens``
     (the first a warm-up, not timed): seconds per step, and the peak anonymous memory above the
     rank's memory before the first step."""

@@ -32,10 +32,9 @@ def seeded_sft_job(wh, cfg: TrainConfig, stage_steps: int | None = None, run_nam
                    stage: str = "sft_short"):
     """A warehouse with synthetic tasks, a cached small base model and the training tables; the
     job of ``stage`` (by default sft_short) on its table."""
-    from data_specs.stages import train_stage
-
     from transformers import AutoTokenizer
 
+    from data_specs.stages import train_stage
     from tasks.train.base_model import prepare_base_model
 
     rows = []
