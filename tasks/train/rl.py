@@ -419,11 +419,23 @@ def _rollout_rows(h: StageHarness, step: int, seen: list, sampler) -> list[dict]
     return out
 
 
-def _store_rollouts(h: StageHarness, rows: list[dict], reward: DomainReward) -> None:
-    """Append the pending rollouts (to the stage's own ``rl_rollouts``) and the judge outputs
-    that scored them (then forget both)."""
+def _stored_rollout_ids(h: StageHarness, start: int) -> set[str]:
+    """Rollouts of this run from step ``start`` on already in ``rl_rollouts``: a run killed after
+    storing a checkpoint's rollouts but before that checkpoint was saved resumes from the one
+    before and samples those steps again (the same rollouts, same ids); they are not stored twice."""
+    wh = Warehouse(h.job.home)
+    if start == 0 or not h.is_rank0 or not wh.exists("rl_rollouts"):
+        return set()
+    stored = wh.scan("rl_rollouts").filter((pl.col("train_run") == h.job.run_name) & (pl.col("step") >= start))
+    return set(stored.select("rollout_id").collect()["rollout_id"].to_list())
+
+
+def _store_rollouts(h: StageHarness, rows: list[dict], reward: DomainReward, stored: set[str] = frozenset()) -> None:
+    """Append the pending rollouts (to the stage's own ``rl_rollouts``; those in ``stored``
+    already are) and the judge outputs that scored them (then forget both)."""
     if h.is_rank0:
         wh = Warehouse(h.job.home)
+        rows = [r for r in rows if r["rollout_id"] not in stored]
         if rows:
             wh.append("rl_rollouts", pl.DataFrame(rows), parents=[h.job.data_ref])
         if reward.judgments:
@@ -543,6 +555,7 @@ def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, cur
     cfg = h.stage_cfg
     events: list[dict] = []
     pad, prompt_cache, pending, last = pad_id_of(tokenizer), {}, [], {}
+    stored = _stored_rollout_ids(h, start)
     for step in range(start, cfg.steps):
         step_started = time.monotonic()
         window = schedule.window
@@ -587,14 +600,14 @@ def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, cur
         h.record(step, metrics)
         last = metrics
         if h.checkpoint_due(step):
-            _store_rollouts(h, pending, rewarder)
+            _store_rollouts(h, pending, rewarder, stored)
             pending = []
             sampler.prepare()   # the batches in flight may continue under these weights (partial rollouts)
             h.maybe_checkpoint(engine, step, {"length_schedule": schedule.state_dict(),
                                               "length_bias": monitor.state_dict(),
                                               "length_correction": rewarder.in_stage_correction(),
                                               "rollouts_ahead": sampler.state_dict()})
-    _store_rollouts(h, pending, rewarder)
+    _store_rollouts(h, pending, rewarder, stored)
     return h.finish(engine, tokenizer, {"final_loss": last.get("loss"), "final_reward_mean": last.get("reward_mean"),
                                         "final_window": schedule.window.max_tokens, "prompts": len(pool),
                                         "length_bias_events": events},
