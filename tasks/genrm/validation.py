@@ -415,12 +415,14 @@ def run_judge_validation(wh: Warehouse, cfg: ReferencesConfig, judge: GenRMJudge
                          labelled_files: Sequence[str] = (), run_id: str | None = None,
                          sources: Mapping[str, TableRef] | None = None) -> tuple[dict[str, float], dict[str, TableRef]]:
     """Build the benchmark, score the judge on it, run the BoN check; store every judgment.
-    Prompt tables are read at the snapshots in ``sources``, else at their newest."""
+    Prompt tables are read at the snapshots in ``sources``, else at their newest (resolved once:
+    the benchmark and the BoN check read the same snapshot)."""
+    sources = {name: ref for name in ("prompts", "synthetic_tasks") if (ref := wh.pinned(name, sources)) is not None}
     bench_ref, quarantined = build_judge_benchmark(wh, cfg, labelled_files, run_id, sources)
     accuracy = judge_accuracy(judge, wh.read_ref(bench_ref), run_id)
     metrics = dict(accuracy.metrics, benchmark_items=float(bench_ref.rows), quarantined=float(quarantined))
     judgments = accuracy.judgments
-    prompts = wh.pinned("prompts", sources)
+    prompts = sources.get("prompts")
     if prompts is not None and cfg.validation.bon_prompts:
         policy = next((s.name for s in cfg.candidates if s.kind == "backend"), None)
         backend = (candidate_backends or {}).get(policy) if policy else None

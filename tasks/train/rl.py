@@ -423,8 +423,10 @@ def _stored_rollout_ids(h: StageHarness, start: int) -> set[str]:
     """Rollouts of this run from step ``start`` on already in ``rl_rollouts``: a run killed after
     storing a checkpoint's rollouts but before that checkpoint was saved resumes from the one
     before and samples those steps again (the same rollouts, same ids); they are not stored twice."""
+    if start == 0 or not h.is_rank0:
+        return set()
     wh = Warehouse(h.job.home)
-    if start == 0 or not h.is_rank0 or not wh.exists("rl_rollouts"):
+    if not wh.exists("rl_rollouts"):
         return set()
     stored = wh.scan("rl_rollouts").filter((pl.col("train_run") == h.job.run_name) & (pl.col("step") >= start))
     return set(stored.select("rollout_id").collect()["rollout_id"].to_list())
