@@ -6,8 +6,12 @@ Layout of a stage directory:
     steps.jsonl        one line per optimizer step: loss, metrics, the example ids seen
     final/             the Hugging Face model, written last, with ``DONE`` beside it
 
-DeepSpeed writes ``latest`` only after a checkpoint's files are complete, so a stage
-killed mid-save resumes from the previous one. The per-step log is cut back to the
+``latest`` names the newest complete checkpoint. It is written here, not by DeepSpeed:
+DeepSpeed's own truncates the file and then writes the tag, on rank 0 before its closing
+barrier, so a kill at that moment left an empty pointer (the stage then lost every
+checkpoint) or one to a checkpoint whose other ranks were still writing. Rank 0 replaces it
+atomically after every rank has saved, so a stage killed mid-save resumes from the previous
+one. The per-step log is cut back to the
 checkpoint's step on resume, so the curve continues without duplicated steps.
 """
 from __future__ import annotations
@@ -40,6 +44,13 @@ def is_done(stage_path: Path) -> bool:
     return (stage_path / DONE_MARKER).exists()
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """``path`` holds ``text`` whole or keeps what it held: a kill mid-write never leaves it cut."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def latest_step(stage_path: Path) -> int | None:
     latest = ds_dir(stage_path) / "latest"
     if not latest.exists():
@@ -52,8 +63,11 @@ def save(engine, stage_path: Path, step: int, client_state: dict, keep: int, is_
     """Collective: every rank calls it. Keeps the newest ``keep`` checkpoints."""
     root = ds_dir(stage_path)
     state = {**client_state, "step": step, "torch_rng": torch.get_rng_state()}
-    engine.save_checkpoint(str(root), tag=f"step_{step:08d}", client_state=state)
+    tag = f"step_{step:08d}"
+    # every rank has saved when save_checkpoint returns (it ends on a barrier)
+    engine.save_checkpoint(str(root), tag=tag, client_state=state, save_latest=False)
     if is_rank0:
+        write_atomic(root / "latest", tag)
         tags = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
         for old in tags[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -93,9 +107,7 @@ class StepLog:
         """Keep records up to ``step`` (the resumed checkpoint) and return them."""
         kept = [r for r in self.records() if r["step"] <= step]
         if self.enabled:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         return kept
 
     def append(self, record: dict) -> None:

@@ -7,13 +7,13 @@ resumed stage and every rank use the very same numbers.
 from __future__ import annotations
 
 import json
-import os
 
 import torch
 
 from model.config import IGNORE_INDEX
 from model.logprobs import response_logprobs
 from model.losses import dpo_loss, sequence_logprob
+from tasks.train import checkpoint
 from tasks.train.encoding import batch_indices, encode_example, pad_batch, pad_id_of
 from tasks.train.engine import backward_and_step, current_lr
 from tasks.train.harness import StageHarness, ids_digest
@@ -53,9 +53,7 @@ def reference_logps(h: StageHarness, model, pair_ids, chosen, rejected, pad: int
             out[pid] = [vc, vr]
     model.train(was_training)
     if h.is_rank0:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(out))
-        os.replace(tmp, path)
+        checkpoint.write_atomic(path, json.dumps(out))
     return out
 
 
