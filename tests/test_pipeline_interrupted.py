@@ -201,4 +201,21 @@ def test_a_killed_run_leaves_nothing_running_and_its_rerun_ends_with_the_uninter
     want, got = _tables(uninterrupted), _tables(home)
     assert sorted(got) == sorted(want)
     differ = [name for name in want if not got[name].equals(want[name])]
-    assert not differ, {name: (want[name].height, got[name].height) for name in differ}
+    assert not differ, "\n".join(_difference(name, want[name], got[name]) for name in differ)
+
+
+def _difference(name: str, want: pl.DataFrame, got: pl.DataFrame) -> str:
+    """What a table's two versions disagree on: heights, and the columns whose values differ with
+    a row of each side that the other lacks."""
+    out = f"{name}: {want.height} rows uninterrupted, {got.height} interrupted"
+    if want.columns != got.columns:
+        return f"{out}; columns {want.columns} vs {got.columns}"
+    cols = [c for c in want.columns if not want[c].sort(nulls_last=True).equals(got[c].sort(nulls_last=True))]
+    only_want, only_got = want.join(got, on=want.columns, how="anti", nulls_equal=True), \
+        got.join(want, on=want.columns, how="anti", nulls_equal=True)
+    out += f"; columns that differ {cols}; {only_want.height} rows only uninterrupted, {only_got.height} only interrupted"
+    for side, rows in (("uninterrupted", only_want), ("interrupted", only_got)):
+        if rows.height:
+            first = {k: v[:80] if isinstance(v, str) else v for k, v in rows.row(0, named=True).items()}
+            out += f"\n  first only {side}: {first}"
+    return out

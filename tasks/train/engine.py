@@ -52,8 +52,10 @@ def init_single_rank() -> None:
     """Make this process rank 0 of a world of 1 unless a launcher already set the env."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(free_port()))
+    # port 0: the process group's store binds a free port itself. A port picked here and bound
+    # later could be taken in between by another process on the machine (a concurrent run's
+    # engine failed with EADDRINUSE on one so picked).
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
 
 
 def rank() -> int:
