@@ -177,12 +177,11 @@ def launch(model_path: Path, modes: list[str], out_dir: Path, ranks: int = 2, ti
     (``MALLOC_MMAP_THRESHOLD_``): ``zero.Init`` creates each module's parameters whole, keeps a
     partition and frees the rest, and glibc's dynamic threshold then serves later blocks from
     the heap, where the smaller partitions fill the freed holes only in part."""
-    from tasks.train.engine import free_port, subprocess_env
+    from tasks.train.engine import subprocess_env, torchrun_command
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(ranks),
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(Path(__file__).resolve()),
-           "--worker", "--model", str(model_path), "--out", str(out_dir), "--modes", *modes,
-           "--train-steps", str(steps), "--train-tokens", str(tokens)]
+    cmd = torchrun_command(ranks, str(Path(__file__).resolve()), "--worker", "--model", str(model_path),
+                           "--out", str(out_dir), "--modes", *modes, "--train-steps", str(steps),
+                           "--train-tokens", str(tokens))
     env = subprocess_env({"MALLOC_MMAP_THRESHOLD_": str(mmap_threshold)} if mmap_threshold else None)
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout_s, check=False)

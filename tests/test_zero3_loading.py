@@ -52,11 +52,9 @@ def test_zero3_ranks_get_a_fixed_mmap_threshold_unless_told_otherwise(monkeypatc
 
 
 def _torchrun(script_args: list[str], timeout_s: float, env: dict | None = None) -> subprocess.CompletedProcess:
-    from tasks.train.engine import free_port, subprocess_env
+    from tasks.train.engine import subprocess_env, torchrun_command
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *script_args]
-    return subprocess.run(cmd, cwd=ROOT, env=subprocess_env(env), capture_output=True, text=True,
+    return subprocess.run(torchrun_command(2, *script_args), cwd=ROOT, env=subprocess_env(env), capture_output=True, text=True,
                           timeout=timeout_s, check=False)
 
 

@@ -210,16 +210,21 @@ def rank_env(engine_cfg: EngineConfig) -> dict[str, str]:
     return {MMAP_THRESHOLD_ENV: str(threshold)}
 
 
+def torchrun_command(num_ranks: int, *script_and_args: str) -> list[str]:
+    """torchrun starting ``num_ranks`` ranks of a script on this machine. ``--standalone``:
+    torchrun's store binds a free port itself and the ranks share it (a port picked here and
+    bound seconds later by torchrun could be taken in between by another process)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+            "--nproc_per_node", str(num_ranks), *script_and_args]
+
+
 def launcher_command(engine_cfg: EngineConfig, job_path: Path) -> list[str]:
     entry = str(Path(__file__).with_name("launcher_entry.py"))
-    port = str(free_port())
     if engine_cfg.launcher == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-                "--nproc_per_node", str(engine_cfg.num_ranks), "--master_addr", "127.0.0.1",
-                "--master_port", port, entry, "--job", str(job_path)]
+        return torchrun_command(engine_cfg.num_ranks, entry, "--job", str(job_path))
     if engine_cfg.launcher == "deepspeed":
         return [str(Path(_venv_bin()) / "deepspeed"), "--num_gpus", str(engine_cfg.num_ranks),
-                "--master_port", port, entry, "--job", str(job_path)]
+                "--master_port", str(free_port()), entry, "--job", str(job_path)]
     # "process" (and "inprocess" started from here: kill-and-resume tests): one rank in a fresh process
     return [sys.executable, entry, "--job", str(job_path)]
 
