@@ -144,3 +144,36 @@ def test_a_model_registered_once_is_not_registered_again_by_a_rerun_of_its_stage
     assert again == first and wh.read("models").height == 1
     longer = register_model(wh, result={"path": str(path), "steps": 8, "final_loss": 1.2}, **kwargs)
     assert longer != first and wh.read("models")["steps"].to_list() == [4, 8]
+
+
+def test_a_rerun_stage_that_finds_its_model_registered_hands_that_model_to_the_next_stage(home, wh, monkeypatch):
+    """The stage after it starts from that model. A dpo_short killed after registering its model
+    and before the pipeline recorded it ran again, wrote nothing (its model stood) and handed
+    over the ``models`` snapshot from before it: dpo_long then started from sft_short's model
+    (test_pipeline_interrupted failed in CI on it: every table from dpo_long on differed)."""
+    from flows import pipeline
+    from flows.pipeline import Stage, stage_task
+    from flows.train import _previous_model
+    from tasks.train.models import register_model
+
+    def model(stage: str):
+        path = home / "checkpoints" / "r" / stage / "final"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    data = wh.write("pairs_seen", pl.DataFrame({"x": [1]}))
+    kwargs = {"run_name": "r", "init_model": str(model("sft_short")), "profile": "tiny", "parents": [data],
+              "config_hash": "c", "mlflow_run_id": None, "log_weights_max_mb": 0.0, "audit_violations": 0}
+    before = register_model(wh, stage="sft_short", result={"path": str(model("sft_short")), "steps": 2}, **kwargs)
+
+    def dpo_short(profile, home_, refs):
+        ref = register_model(wh, stage="dpo_short", result={"path": str(model("dpo_short")), "steps": 4}, **kwargs)
+        return {"mlflow_run_id": None, "models": str(ref)}
+
+    monkeypatch.setitem(pipeline.STAGES, "dpo_short", Stage("dpo_short", dpo_short))
+    dpo_short("tiny", str(home), {})   # the killed run: registered, never recorded by the pipeline
+    rerun = stage_task.fn("dpo_short", "tiny", str(home), False, {"models": before})
+    assert wh.read("models")["stage"].to_list() == ["sft_short", "dpo_short"]   # not registered twice
+    handed = rerun["table_refs"]["models"]
+    assert handed == wh.latest("models") != before
+    assert _previous_model(wh, "r", "dpo_long", "base", sources={"models": handed}) == str(model("dpo_short"))

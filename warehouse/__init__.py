@@ -11,10 +11,10 @@ import importlib
 from warehouse.paths import posttrain_home
 
 _STORE_NAMES = ("WRITER_ENV", "TableRef", "Warehouse", "WarehouseError", "current_writer", "frame_digest",
-                "recording_flow_run", "recording_tables", "recording_writer")
+                "note_standing_output", "recording_flow_run", "recording_tables", "recording_writer")
 
 __all__ = ["WRITER_ENV", "TableRef", "Warehouse", "WarehouseError", "current_writer", "frame_digest",
-           "posttrain_home", "recording_flow_run", "recording_tables", "recording_writer"]
+           "note_standing_output", "posttrain_home", "recording_flow_run", "recording_tables", "recording_writer"]
 
 
 def __getattr__(name: str):

@@ -489,6 +489,15 @@ def _note_write(ref: TableRef) -> None:
         use.written.append(ref)
 
 
+def note_standing_output(ref: TableRef) -> None:
+    """Count ``ref`` among the snapshots the enclosing ``recording_tables`` block wrote, though
+    the block wrote nothing: it found its rows there already (written by an earlier run of it,
+    killed before the pipeline recorded it). The stages after it are handed ``ref``, which holds
+    those rows, as they would be handed a snapshot it wrote; without this they were handed the
+    snapshot from before, without its rows."""
+    _note_write(ref)
+
+
 def _adds_optional_columns(spec, table: dict, frame: dict) -> bool:
     """Whether ``frame``'s schema is the table's plus columns its spec declares optional (the
     spec gained them since the table's last append): every existing column kept, same types."""

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from data_specs import get_spec
 from tasks import tracking
-from warehouse import TableRef, Warehouse
+from warehouse import TableRef, Warehouse, note_standing_output
 
 
 def _size_mb(path: Path) -> float:
@@ -26,7 +26,8 @@ def register_model(wh: Warehouse, *, run_name: str, stage: str, result: dict, in
     failed; None: not audited). A model registered already (the same row but for the MLflow run:
     an earlier run of the stage was killed before the pipeline recorded it) is not added twice;
     the newest snapshot, which holds it, is returned and this MLflow run tagged with the one that
-    registered it."""
+    registered it; that snapshot is what the stage hands over (``note_standing_output``), so the
+    stage after it starts from this model."""
     path = Path(result["path"])
     num_parameters = None
     safetensors = list(path.glob("*.safetensors"))
@@ -49,7 +50,9 @@ def register_model(wh: Warehouse, *, run_name: str, stage: str, result: dict, in
         # before the pipeline recorded it, or re-run): it stands, and this run points at it
         if mlflow_run_id:
             tracking.set_tags({"posttrain.registered_by": standing}, run_id=mlflow_run_id)
-        return wh.latest("models")
+        ref = wh.latest("models")
+        note_standing_output(ref)
+        return ref
     if mlflow_run_id:
         if _size_mb(path) <= log_weights_max_mb:
             MlflowClient().log_artifacts(mlflow_run_id, str(path), f"model/{stage}")
