@@ -54,8 +54,8 @@ def test_zero3_ranks_get_a_fixed_mmap_threshold_unless_told_otherwise(monkeypatc
 def _torchrun(script_args: list[str], timeout_s: float, env: dict | None = None) -> subprocess.CompletedProcess:
     from tasks.train.engine import subprocess_env, torchrun_command
 
-    return subprocess.run(torchrun_command(2, *script_args), cwd=ROOT, env=subprocess_env(env), capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+    return subprocess.run(torchrun_command(2, *script_args), cwd=ROOT, env=subprocess_env(env),
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
 @pytest.fixture(scope="module")
