@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tasks.rollout.base import SamplingParams
+from tasks.rollout.factory import backend_kind
 
 
 class LocalConfig(BaseModel):
@@ -64,8 +65,6 @@ class RolloutConfig(BaseModel):
     @field_validator("backend")
     @classmethod
     def _registered(cls, name: str) -> str:
-        from tasks.rollout.factory import backend_kind  # the registry imports this module
-
         backend_kind(name)
         return name
 

@@ -5,11 +5,14 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tasks.rollout.base import RolloutBackend
-from tasks.rollout.config import RolloutConfig
 from tasks.rollout.smol import SMOL_NAME, gguf_dir, smollm2_path
 from tasks.rollout.tiny_model import TINY_LLAMA_NAME, tiny_llama_path
+
+if TYPE_CHECKING:   # annotations only: config.py validates backend names against BACKENDS here
+    from tasks.rollout.config import RolloutConfig
 
 MODEL_ALIASES = {"smol": smollm2_path, SMOL_NAME: smollm2_path, TINY_LLAMA_NAME: tiny_llama_path}
 

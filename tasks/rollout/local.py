@@ -147,9 +147,15 @@ class LocalBackend:
                  switch: WeightSwitch | None = None) -> list[list[Completion]]:
         """``params.n`` completions per prompt; with ``switch``, every sequence is sampled in one
         batch (a second batch would begin under the switched weights)."""
+        return self.generate_ids(self._encode_prompts(prompts), params, switch)
+
+    def generate_ids(self, prompt_ids: list[list[int]], params: SamplingParams,
+                     switch: WeightSwitch | None = None) -> list[list[Completion]]:
+        """``generate`` from prompts given as token ids: multi-turn rollouts extend the ids they
+        sampled instead of re-encoding a rendered history (token exactness)."""
         sequences = [
-            _Sequence(i, ids)
-            for i, ids in enumerate(self._encode_prompts(prompts))
+            _Sequence(i, list(ids))
+            for i, ids in enumerate(prompt_ids)
             for _ in range(params.n)
         ]
         # Similar lengths share a batch so left padding wastes little compute.
@@ -162,7 +168,7 @@ class LocalBackend:
             completions = self._sample_batch([sequences[s].prompt_ids for s in batch], params, generator, switch)
             for s, completion in zip(batch, completions):
                 results[s] = completion
-        grouped: list[list[Completion]] = [[] for _ in prompts]
+        grouped: list[list[Completion]] = [[] for _ in prompt_ids]
         for sequence, completion in zip(sequences, results):
             grouped[sequence.prompt_index].append(completion)
         return grouped
