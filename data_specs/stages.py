@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Recipe = Literal["sft", "dpo", "rl"]
+Recipe = Literal["sft", "dpo", "rl", "agent"]
 # policy: a link of the chain of models that ends in the trained policy (each follows the one
 # before); judge: a GenRM judge, trained beside that chain, that references and RL grade with
 Role = Literal["policy", "judge"]
@@ -57,6 +57,9 @@ TRAINING_TABLES: dict[str, TrainingTable] = {t.name: t for t in (
     TrainingTable("judge_data", ("synthetic_tasks", "sft_pool"),
                   "GenRM judge examples: verdicts on the gold or a verifier-rejected answer of SFT-side "
                   "synthetic instances, and on open SFT-pool prompts' reference answers against another's"),
+    TrainingTable("agent_tasks", (),
+                  "environment episodes (environment, settings, training seed) the agent stage plays: built from "
+                  "the profile's agent.environments, no warehouse table"),
 )}
 
 _SHORT, _LONG = {"max_tokens": 8192}, {"min_tokens": 8193, "max_tokens": 131072}
@@ -78,6 +81,11 @@ TRAIN_STAGES: tuple[TrainStage, ...] = (
     TrainStage("rl", "rl", "rl_prompts", "dpo_long", ("models", "rl_rollouts", "judgments"),
                "CISPO RL with staged output-length windows", after=("difficulty",),
                genrm_after=("judge", "references")),
+    # agent-native RL (MiniMax-M2 -> M2.5): multi-turn tool use in environments, after RL; trained only
+    # where the profile names environments
+    TrainStage("agent", "agent", "agent_tasks", "rl", ("models", "trajectories"),
+               "CISPO over multi-turn tool-use trajectories in environments (windowed FIFO, prefix trie)",
+               optional=True),
 )
 
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in TRAIN_STAGES)

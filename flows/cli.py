@@ -462,9 +462,9 @@ def _print_ladder(ladder: dict) -> None:
     for s in stages:
         t.add_column(s, justify="right")
     t.add_column("RL - SFT", justify="right")
-    from data_specs.stages import final_policy_stage, last_of
+    from data_specs.stages import last_of
     from tasks.evaluate import SYNTHETIC_BENCHMARK, ladder_order
-    sft, final = last_of("sft"), final_policy_stage()
+    sft, final = last_of("sft"), last_of("rl")
     for bench in ladder_order(ladder):
         by_stage = ladder[bench]
         delta = by_stage[final] - by_stage[sft] if final in by_stage and sft in by_stage else None

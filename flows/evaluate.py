@@ -17,6 +17,7 @@ from tasks.evaluate import (
     ModelChoice,
     benchmark_items,
     choose_model,
+    evaluate_environments,
     evaluate_items,
     heldout_synthetic_items,
     item_rows,
@@ -100,8 +101,8 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
             tracking.log_counters({"items": len(heldout.items),
                                    "skipped_seen_in_training": heldout.skipped_seen_in_training,
                                    "skipped_duplicates": heldout.skipped_duplicates}, prefix="eval.synthetic")
-        if not items:
-            raise ValueError("evaluate: no items: configure benchmarks and/or synthetic tasks")
+        if not items and not (cfg.agent and cfg.agent.environments):
+            raise ValueError("evaluate: no items: configure benchmarks, synthetic tasks and/or agent environments")
 
         per_benchmark = Counter(it.benchmark for it in items)
         if heldout is not None and heldout.items:
@@ -111,7 +112,11 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
             backend = _backend_for(rollout, choice)
             log.info("evaluating %s (%s) on %d items, n=%d, temperature=%s, top_p=%s",
                      choice.model_id, choice.stage or choice.source, len(items), cfg.n, cfg.temperature, cfg.top_p)
-            results = evaluate_items_task(items, backend, cfg)
+            results = evaluate_items_task(items, backend, cfg) if items else []
+            if cfg.agent is not None and cfg.agent.environments:
+                log.info("evaluating %s on %d held-out seeds of %s (n=%d)", choice.model_id, cfg.agent.seeds,
+                         ", ".join(e.name for e in cfg.agent.environments), cfg.agent.n)
+                results += evaluate_environments(backend, cfg)
             summary = summarize(results, cfg, choice, backend.name, ctx.run_id)
             summaries.append(summary)
             per_item.append(item_rows(results, choice, ctx.run_id))

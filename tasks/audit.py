@@ -42,6 +42,10 @@ from warehouse import TableRef, Warehouse
 
 MAX_LISTED = 20
 SIDE_OF_TABLE = {"sft_data": "sft", "dpo_pairs": "sft", "rl_prompts": "rl", "judge_data": "sft"}
+# the agent stage's episodes: no curated prompt behind them (environments generate them), audited
+# for benchmark items, held-out seeds and the loss mask of the trajectories trained on them
+AGENT_TABLE = "agent_tasks"
+AUDITED_TABLES = (*SIDE_OF_TABLE, AGENT_TABLE)
 ID_COLUMN = {"sft_data": "source_id", "dpo_pairs": "prompt_id", "rl_prompts": "prompt_id", "judge_data": "source_id"}
 DECONTAM_STAGE = "curate.decontam"
 
@@ -153,7 +157,7 @@ def _audited_snapshots(wh: Warehouse, sources: Mapping[str, TableRef] | None = N
     then the table's newest: both as of the snapshots handed over in ``sources``), and the check
     that they exist."""
     check = AuditCheck("training_snapshots")
-    out: dict[str, list[TableRef]] = {name: [] for name in SIDE_OF_TABLE}
+    out: dict[str, list[TableRef]] = {name: [] for name in AUDITED_TABLES}
     models = read_models(wh, sources)
     if not models.is_empty():
         for row in models.group_by("stage", maintain_order=True).last().iter_rows(named=True):
@@ -167,7 +171,7 @@ def _audited_snapshots(wh: Warehouse, sources: Mapping[str, TableRef] | None = N
             refs.append(TableRef(name, latest.snapshot))
             check.checked += 1
     if not any(out.values()):
-        check.flag(f"no training table ({', '.join(SIDE_OF_TABLE)}) in {wh.home}: nothing trained to audit")
+        check.flag(f"no training table ({', '.join(AUDITED_TABLES)}) in {wh.home}: nothing trained to audit")
     return out, check
 
 
@@ -175,12 +179,12 @@ def _scoped_snapshots(wh: Warehouse, scope: dict[str, list[TableRef]]) -> tuple[
     """Training table -> exactly the snapshots in ``scope`` (what one model trained on), and the
     check that they exist."""
     check = AuditCheck("training_snapshots")
-    out: dict[str, list[TableRef]] = {name: [] for name in SIDE_OF_TABLE}
+    out: dict[str, list[TableRef]] = {name: [] for name in AUDITED_TABLES}
     for refs in scope.values():
         for ref in refs:
             _add_snapshot(wh, out, ref, check, f"{ref} is not in this warehouse")
     if not any(out.values()):
-        check.flag(f"no training snapshot ({', '.join(SIDE_OF_TABLE)}) to audit in {wh.home}")
+        check.flag(f"no training snapshot ({', '.join(AUDITED_TABLES)}) to audit in {wh.home}")
     return out, check
 
 
@@ -205,7 +209,7 @@ def model_scope(wh: Warehouse, trained_on: list[TableRef], init_model: str) -> d
         row = rows.row(-1, named=True)
         for text in json.loads(row["data_snapshots"] or "[]"):
             ref = TableRef.parse(text)
-            if ref.name in SIDE_OF_TABLE and all(r.snapshot != ref.snapshot for r in out.setdefault(ref.name, [])):
+            if ref.name in AUDITED_TABLES and all(r.snapshot != ref.snapshot for r in out.setdefault(ref.name, [])):
                 out[ref.name].append(ref)
         path = str(row["init_model"])
     return out
@@ -308,12 +312,55 @@ def _check_both_sides(rows: dict[str, list[tuple[str, str, str]]], index: dict[s
     return [prompts, clusters]
 
 
+def _benchmark_index(benchmarks: pl.DataFrame) -> dict[str, str]:
+    """Hash of each benchmark item's normalized text -> ``benchmark:item_id``."""
+    bench: dict[str, str] = {}
+    for r, text in zip(benchmarks.iter_rows(named=True), _normalized(benchmarks, "text")):
+        bench.setdefault(text_hash(text), f"{r['benchmark']}:{r['item_id']}")
+    return bench
+
+
+def _check_agent(wh: Warehouse, tasks: pl.DataFrame, benchmarks: pl.DataFrame, snapshots: dict[str, str],
+                 sources: Mapping[str, TableRef] | None) -> list[AuditCheck]:
+    """The agent stage's episodes and what it trained on them: no episode opens with a benchmark
+    item, no training seed lies in the held-out range, and in every trajectory of those episodes
+    the loss mask is 1 exactly on the policy's own sampled turns (never on the prompt, a tool's
+    output or the environment's text)."""
+    from data_specs.agents import HELDOUT_SEED_BASE
+
+    items, seeds, masks = AuditCheck("agent_no_benchmark_item"), AuditCheck("agent_heldout_seeds"), \
+        AuditCheck("trajectory_loss_mask")
+    if tasks.is_empty():
+        return [items, seeds, masks]
+    bench = _benchmark_index(benchmarks)
+    for r, prompt in zip(tasks.iter_rows(named=True), _normalized(tasks)):
+        items.checked += 1
+        seeds.checked += 1
+        if (item := bench.get(text_hash(prompt))) is not None:
+            items.flag(f"agent_tasks {r['task_id']} opens with benchmark item {item}")
+        if r["seed"] >= HELDOUT_SEED_BASE:
+            seeds.flag(f"agent_tasks {r['task_id']}: seed {r['seed']} is a held-out evaluation seed")
+    ref = wh.pinned("trajectories", sources)
+    if ref is None:
+        return [items, seeds, masks]
+    snapshots["trajectories"] = str(ref)
+    ids = tasks["task_id"].to_list()
+    trajectories = wh.scan("trajectories", ref.snapshot).filter(pl.col("task_id").is_in(ids)).select(
+        "trajectory_id", "loss_mask", "turn_spans", "prompt_tokens").collect()
+    for r in trajectories.iter_rows(named=True):
+        masks.checked += 1
+        trained = {i for start, end, *_ in json.loads(r["turn_spans"]) for i in range(start, end)}
+        marked = {i for i, m in enumerate(r["loss_mask"]) if m}
+        if marked != trained or any(i < r["prompt_tokens"] for i in marked):
+            masks.flag(f"trajectory {r['trajectory_id']}: {len(marked - trained)} token(s) outside the policy's "
+                       f"turns carry loss")
+    return [items, seeds, masks]
+
+
 def _check_benchmarks(rows: dict[str, list[tuple[str, str, str]]], benchmarks: pl.DataFrame,
                       decisions: pl.DataFrame) -> AuditCheck:
     check = AuditCheck("no_benchmark_item")
-    bench = {}
-    for r, text in zip(benchmarks.iter_rows(named=True), _normalized(benchmarks, "text")):
-        bench.setdefault(text_hash(text), f"{r['benchmark']}:{r['item_id']}")
+    bench = _benchmark_index(benchmarks)
     matched = {}
     if not decisions.is_empty():
         for r in decisions.filter(pl.col("stage") == DECONTAM_STAGE).iter_rows(named=True):
@@ -405,6 +452,7 @@ def run_audit(wh: Warehouse, scope: dict[str, list[TableRef]] | None = None,
         raise ValueError(f"{snapshots['synthetic_tasks']} has no 'split' column: re-run `posttrain synthesize`")
     for refs in audited.values():
         _record(snapshots, refs)
+    agent_tasks = _union([frames[r] for r in audited.pop(AGENT_TABLE, [])])
     tables = {name: _union([frames[r] for r in refs]) for name, refs in audited.items()}
     index = _side_index(pools, synthetic)
     prompts = {name: _normalized(df) for name, df in tables.items()}
@@ -412,8 +460,9 @@ def run_audit(wh: Warehouse, scope: dict[str, list[TableRef]] | None = None,
     checks = [present]
     checks += [_check_side(name, df, prompts[name], index) for name, df in tables.items()]
     checks += _check_both_sides(rows, index, pools, synthetic)
-    checks.append(_check_benchmarks(rows, _handed(wh, "benchmarks", snapshots, sources),
-                                     _handed(wh, "decisions", snapshots, sources)))
+    benchmarks = _handed(wh, "benchmarks", snapshots, sources)
+    checks.append(_check_benchmarks(rows, benchmarks, _handed(wh, "decisions", snapshots, sources)))
+    checks += _check_agent(wh, agent_tasks, benchmarks, snapshots, sources)
     checks.append(_check_rl_difficulty(wh, {r: frames[r] for r in audited["rl_prompts"]}, built_from, snapshots,
                                        require_difficulty))
     checks.append(_check_sampled_targets(tables["sft_data"], tables["dpo_pairs"],

@@ -24,6 +24,7 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from data_specs.stages import phase_ends
+from tasks.agents.evaluate import AgentHeldout, evaluate_agent
 from tasks.model_registry import audited_row, read_models, refuse_failed_audit
 from tasks.passk import pass_at_k
 from tasks.rollout.base import RolloutBackend, SamplingParams
@@ -66,6 +67,7 @@ class EvaluateConfig(VerifySettings):
     max_tokens: int = Field(40_000, ge=1)
     seed: int = 0
     synthetic: SyntheticHeldout | None = Field(default_factory=SyntheticHeldout)
+    agent: AgentHeldout | None = Field(None, description="held-out environment episodes, scored as success rate")
     prompts_per_chunk: int = Field(32, ge=1, description="prompts sent to the backend at once")
 
     @model_validator(mode="after")
@@ -286,6 +288,13 @@ def evaluate_items(items: list[EvalItem], backend: RolloutBackend, cfg: Evaluate
             if progress is not None:
                 progress(len(results), len(items))
     return results
+
+
+def evaluate_environments(backend: RolloutBackend, cfg: EvaluateConfig) -> list[ItemResult]:
+    """The held-out environment episodes of ``cfg.agent``, as items: an episode's samples, its successes."""
+    return [ItemResult(EvalItem(s.benchmark, s.item_id, "agent", s.row), s.n, s.successes, s.mean_tokens, s.errors,
+                       s.first_error)
+            for s in evaluate_agent(backend, cfg.agent, cfg.temperature, cfg.top_p, cfg.seed)]
 
 
 def summarize(results: list[ItemResult], cfg: EvaluateConfig, model: ModelChoice, backend: str,

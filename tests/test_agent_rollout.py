@@ -167,3 +167,33 @@ def test_a_restored_fifo_samples_what_an_uninterrupted_one_does(tiny):
     restored = _fifo(runner)
     restored.load_state_dict(state)
     assert head + play(restored, 4, start=2) == straight
+
+
+def test_an_openai_compatible_server_drives_the_same_environments(tiny):
+    """The real serve-model server (a subprocess on a free port) as the policy, through its text:
+    greedy, it plays each held-out episode as the local sampler does (same actions, same verdicts)."""
+    from tasks.agents.evaluate import AgentHeldout, evaluate_agent
+    from tasks.agents.rollout import TextPolicy, run_episodes
+    from tasks.rollout.config import OpenAIConfig
+    from tasks.rollout.openai_client import OpenAIBackend
+    from tasks.rollout.server import ServerProcess
+
+    backend, tokenizer = tiny
+    path = tiny_llama_path()
+    specs = [EpisodeSpec("feedback", {"max_turns": 3}, s, f"fb:{s}") for s in range(2)] + \
+        [EpisodeSpec("tool_arithmetic", {}, 0, "ta:0")]
+    greedy = SamplingParams(temperature=0.0, seed=0)
+    local = run_episodes(EpisodeRunner(tokenizer, max_tokens=768), LocalPolicy(backend), specs, 1, greedy, 16)
+    with ServerProcess(path, threads=1) as srv:
+        client = OpenAIBackend(OpenAIConfig(base_url=srv.base_url, tokenizer=str(path), concurrency=2))
+        try:
+            remote = run_episodes(EpisodeRunner(tokenizer, max_tokens=768), TextPolicy(client, tokenizer), specs, 1,
+                                  greedy, 16)
+            scores = evaluate_agent(client, AgentHeldout(environments=[{"name": "feedback"}], seeds=2,
+                                                         max_turn_tokens=16, max_tokens=768), 1.0, 1.0, 0)
+        finally:
+            client.close()
+    assert [t.actions for t in remote] == [t.actions for t in local]
+    assert [(t.ended, t.outcome) for t in remote] == [(t.ended, t.outcome) for t in local]
+    assert all(t.done and len(t.transcript.turns) >= 1 for t in remote)
+    assert [(s.benchmark, s.n) for s in scores] == [("agent/feedback", 1)] * 2

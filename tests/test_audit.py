@@ -163,9 +163,12 @@ def test_audit_passes_on_what_the_builders_wrote(built):
     names = {c.name: c.checked for c in report.checks}
     assert set(names) == {"training_snapshots", "sft_side", "dpo_side", "rl_side", "judge_side", "no_prompt_on_both_sides",
                           "no_cluster_on_both_sides", "no_benchmark_item", "rl_latest_difficulty_keep",
-                          "sampled_targets_verified"}
-    # this warehouse's SFT targets are gold and its DPO rejected sides perturbations: nothing sampled
+                          "sampled_targets_verified", "agent_no_benchmark_item", "agent_heldout_seeds",
+                          "trajectory_loss_mask"}
+    # this warehouse's SFT targets are gold and its DPO rejected sides perturbations: nothing sampled;
+    # no agent stage ran (its checks are in test_agent_stage.py)
     assert names.pop("sampled_targets_verified") == 0
+    assert [names.pop(n) for n in ("agent_no_benchmark_item", "agent_heldout_seeds", "trajectory_loss_mask")] == [0] * 3
     assert all(v > 0 for v in names.values()), names
     # the judge's open pairs (an SFT-pool prompt quoted in its judge prompt) are among the rows checked
     assert (wh.read("judge_data")["source_table"] == "sft_pool").sum() > 0

@@ -500,11 +500,12 @@ def test_the_final_policy_stage_is_the_end_of_the_chain_not_the_last_name(monkey
 
     from data_specs import stages
 
-    assert stages.final_policy_stage() == "rl" and stages.last_of("sft") == "sft_long"
-    extra = dataclasses.replace(stages.train_stage("rl"), name="rl_long", follows="rl")
+    assert stages.final_policy_stage() == "agent" and stages.last_of("sft") == "sft_long"
+    assert stages.last_of("rl") == "rl"   # the agent stage follows RL: a phase of its own
+    extra = dataclasses.replace(stages.train_stage("rl"), name="rl_long", follows="agent")
     monkeypatch.setattr(stages, "TRAIN_STAGES", (*stages.TRAIN_STAGES, extra))
     assert stages.final_policy_stage() == "rl_long"
-    assert stages.stages_of("rl") == ("rl", "rl_long") and stages.last_of("rl") == "rl_long"
+    assert stages.stages_of("rl") == ("rl", "rl_long") and stages.last_of("rl") == "rl"
     broken = dataclasses.replace(stages.train_stage("dpo_long"), name="dpo_side", follows="sft_long")
     monkeypatch.setattr(stages, "TRAIN_STAGES", (*stages.TRAIN_STAGES, broken))
     with pytest.raises(ValueError, match="one chain"):
@@ -520,7 +521,7 @@ import data_specs
 src = (root / "data_specs/stages.py").read_text()
 if extra != "none":   # the one edit a new stage takes: a TrainStage line in the registry
     table = {"sft": "sft_data", "dpo": "dpo_pairs", "rl": "rl_prompts"}[extra]
-    line = f'    TrainStage("{extra}_final", "{extra}", "{table}", "rl", ("models",), "a stage after RL"),'
+    line = f'    TrainStage("{extra}_final", "{extra}", "{table}", "agent", ("models",), "a stage after the agent"),'
     anchor = "\n)\n\nSTAGE_NAMES"
     assert anchor in src
     src = src.replace(anchor, "\n" + line + anchor, 1)
@@ -540,10 +541,10 @@ print(json.dumps({"after": {n: sorted(s.after) for n, s in STAGES.items()}, "lad
 
 @pytest.mark.parametrize("recipe", ["sft", "dpo", "rl"])
 def test_a_stage_appended_after_rl_touches_one_file(recipe):
-    """Adding a training stage with an existing recipe after RL is one ``TrainStage`` line in
-    data_specs/stages.py: the pipeline still forms (no cycle), every other stage waits on what it
-    waited on before, evaluate follows the new end of the chain, and the evaluate ladder gains a
-    rung for a new phase (an SFT or DPO stage after RL) or moves RL's rung to the phase's new end."""
+    """Adding a training stage with an existing recipe at the end of the chain (after the agent
+    stage, which follows RL) is one ``TrainStage`` line in data_specs/stages.py: the pipeline still
+    forms (no cycle), every other stage waits on what it waited on before, evaluate follows the new
+    end of the chain, and the evaluate ladder gains a rung for the new phase."""
     import subprocess
     import sys
 
@@ -557,10 +558,10 @@ def test_a_stage_appended_after_rl_touches_one_file(recipe):
 
     before, after = probe("none"), probe(recipe)
     new = f"{recipe}_final"
-    assert after["after"].pop(new) == ["rl"]
-    assert after["after"].pop("evaluate") == [new] and before["after"].pop("evaluate") == ["rl"]
+    assert after["after"].pop(new) == ["agent"]
+    assert after["after"].pop("evaluate") == [new] and before["after"].pop("evaluate") == ["agent"]
     assert after["after"].pop("audit") == sorted([*before["after"].pop("audit"), new])   # audit waits on all
     assert after["after"] == before["after"]
-    assert before["ladder"] == ["base", "sft_long", "dpo_long", "rl"]
-    expected = ["base", "sft_long", "dpo_long", "rl", new] if recipe != "rl" else ["base", "sft_long", "dpo_long", new]
-    assert after["ladder"] == expected
+    assert before["ladder"] == ["base", "sft_long", "dpo_long", "rl", "agent"]
+    # after the agent stage (a recipe of its own) every recipe's stage starts a new phase: a new rung
+    assert after["ladder"] == ["base", "sft_long", "dpo_long", "rl", "agent", new]

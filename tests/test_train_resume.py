@@ -15,23 +15,17 @@ def _records(path):
     return checkpoint.StepLog(path, enabled=False).records()
 
 
-def test_sigkilled_stage_resumes_with_same_data_order_and_loss_curve(wh):
-    cfg = small_config()
-    cfg.sft_short.checkpoint_every = 3
-    # enough steps that the stage cannot finish between the test's poll and its kill
-    steps = 120
-    job = seeded_sft_job(wh, cfg, stage_steps=steps, run_name="resume")
+def sigkill_stage_when(engine_cfg, job, ready, timeout_s: float = 300) -> None:
+    """Launch ``job``'s stage as the pipeline does, poll until ``ready(latest checkpoint step,
+    steps recorded)``, then SIGKILL its whole process group; the stage must be unfinished."""
     stage = job.stage_path
     stage.mkdir(parents=True, exist_ok=True)
     job.save(stage / "job.json")
-
-    proc = run_launcher(cfg.engine, stage / "job.json", stage / "launcher.log")
-    deadline = time.time() + 300
+    proc = run_launcher(engine_cfg, stage / "job.json", stage / "launcher.log")
+    deadline = time.time() + timeout_s
     try:
-        # wait for the first checkpoint and a couple of steps beyond it, then kill hard
         while time.time() < deadline:
-            step = checkpoint.latest_step(stage)
-            if step is not None and len(_records(stage)) >= step + 2:
+            if ready(checkpoint.latest_step(stage), len(_records(stage))):
                 break
             assert proc.poll() is None, (stage / "launcher.log").read_text()[-3000:]
             time.sleep(0.05)
@@ -42,6 +36,17 @@ def test_sigkilled_stage_resumes_with_same_data_order_and_loss_curve(wh):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL
     assert not checkpoint.is_done(stage)
+
+
+def test_sigkilled_stage_resumes_with_same_data_order_and_loss_curve(wh):
+    cfg = small_config()
+    cfg.sft_short.checkpoint_every = 3
+    # enough steps that the stage cannot finish between the test's poll and its kill
+    steps = 120
+    job = seeded_sft_job(wh, cfg, stage_steps=steps, run_name="resume")
+    stage = job.stage_path
+    # the first checkpoint and a couple of steps beyond it, then kill hard
+    sigkill_stage_when(cfg.engine, job, lambda step, records: step is not None and records >= step + 2)
     resumed_from = checkpoint.latest_step(stage)
     killed_run = {r["step"]: r for r in _records(stage)}
     assert resumed_from is not None and max(killed_run) >= resumed_from

@@ -52,6 +52,12 @@ class OpenAIBackend:
     def close(self) -> None:
         self.client.close()
 
+    @property
+    def tokenizer(self):
+        """The local tokenizer named by ``rollout.openai.tokenizer`` (None without one): what renders
+        multi-turn episodes for the server (``tasks.agents``)."""
+        return self._tokenizer
+
     # -- RolloutBackend -------------------------------------------------------------------
     def format_chat(self, messages: list[dict[str, str]]) -> str:
         if self._tokenizer is not None:

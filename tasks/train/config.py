@@ -253,6 +253,61 @@ class RLStageConfig(StageCommon):
         return self.rollout_engine.max_staleness // (self.updates_per_batch * self.epochs_per_batch)
 
 
+class AgentEnvironment(_Strict):
+    """One environment the agent stage trains on: its registry name, its settings, and how many
+    training seeds (0 .. train_seeds-1; held-out evaluation seeds lie in another range)."""
+    name: str
+    settings: dict = Field(default_factory=dict)
+    train_seeds: int = Field(64, ge=1)
+
+    @model_validator(mode="after")
+    def _known(self) -> AgentEnvironment:
+        from tasks.agents.envs import make_env
+
+        make_env(self.name, **self.settings).close()   # an unknown name or setting fails at load time
+        return self
+
+
+class AgentStageConfig(StageCommon):
+    """The agent stage (MiniMax-M2/M2.5): CISPO over multi-turn tool-use trajectories."""
+    environments: list[AgentEnvironment] = Field(
+        default_factory=list, description="the environments trained on; none: the stage is not trained")
+    loss: Literal["cispo", "grpo", "dapo"] = "cispo"
+    eps_low: float = Field(1.0, gt=0)
+    eps_high: float = Field(0.2, gt=0)
+    group_size: int = Field(8, ge=2, description="trajectories per task (the group its advantage compares)")
+    tasks_per_step: int = Field(4, ge=1, description="complete groups each optimizer step trains on")
+    window: int = Field(32, ge=1, description="the windowed FIFO's live trajectories (one sampling batch)")
+    max_live_rounds: int = Field(
+        4, ge=1, description="turns a trajectory may take in a row while others wait before it is paused "
+                             "(kept, resumed later)")
+    max_staleness: int = Field(
+        2, ge=0, description="a trajectory whose first turn is this many versions behind is never paused again")
+    max_turn_tokens: int = Field(256, ge=1, description="sampled tokens per policy turn")
+    max_tokens: int = Field(2048, ge=8, description="a trajectory's whole length, prompt and observations included")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    keep_thinking: bool = Field(
+        True, description="interleaved thinking: earlier turns' <think> stays in the history (M2); off: cut from "
+                          "the context, each turn then trains as its own sequence (merged in the prefix trie)")
+    process_reward: float = Field(0.0, ge=0, description="weight of the environments' per-step process rewards")
+    time_cost: float = Field(0.0, ge=0, description="reward taken off per turn (the task-completion-time reward)")
+    reward_to_go: bool = Field(False, description="each turn's tokens carry the return from that turn on")
+    dynamic_sampling: bool = Field(True, description="groups whose rewards all agree train nothing")
+    expert_steps: int = Field(0, ge=0, description="agent SFT steps on the environments' expert solutions first")
+    expert_batch: int = Field(8, ge=1)
+    expert_lr: float | None = Field(
+        None, gt=0, description="the learning rate of the expert steps (constant after the warm-up); none: the "
+                                "stage's schedule runs over every step. Set: RL's schedule starts after them")
+    max_tokens_per_row: int | None = Field(4096, ge=8, description="trie tokens packed per forward row")
+
+    @model_validator(mode="after")
+    def _steps(self) -> AgentStageConfig:
+        if self.environments and self.expert_steps >= self.steps:
+            raise ValueError(f"agent.expert_steps ({self.expert_steps}) leaves no RL step of {self.steps}")
+        return self
+
+
 class BaseModelConfig(_Strict):
     """Where the model trained in the first stage comes from."""
     # "hybrid": the in-house model sized by the profile's model.yaml, with a tokenizer trained
@@ -346,7 +401,8 @@ class _TrainSettings(_Strict):
         return {name: (self.stage(name).min_tokens, self.stage(name).max_tokens) for name in stages_reading(table)}
 
 
-STAGE_CONFIG: dict[str, type[StageCommon]] = {"sft": SFTStageConfig, "dpo": DPOStageConfig, "rl": RLStageConfig}
+STAGE_CONFIG: dict[str, type[StageCommon]] = {"sft": SFTStageConfig, "dpo": DPOStageConfig, "rl": RLStageConfig,
+                                               "agent": AgentStageConfig}
 
 
 def _stage_block(stage: TrainStage):

@@ -512,6 +512,28 @@ def rl_genrm_prompts(wh: Warehouse, cfg: TrainConfig, sources: dict[str, TableRe
     return 0 if frame.is_empty() else frame.filter(pl.col("domain").is_in(cfg.rl.genrm.domains)).height
 
 
+def build_agent_tasks(src: Sources, cfg: TrainConfig) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:
+    """One row per training episode of each of the agent stage's environments: the environment,
+    its settings and a training seed (0 .. train_seeds-1; evaluation seeds lie in
+    ``data_specs.agents.HELDOUT_SEED_BASE`` and above), with the opening user message for the audit."""
+    from tasks.agents.envs import make_env
+
+    rows, report = [], BuildReport()
+    for stage in stages_reading("agent_tasks"):
+        for env_cfg in cfg.stage(stage).environments:
+            settings = json.dumps(env_cfg.settings, sort_keys=True)
+            env = make_env(env_cfg.name, **env_cfg.settings)
+            for seed in range(env_cfg.train_seeds):
+                report.seen += 1
+                opening = env.reset(seed).messages
+                prompt = next((m["content"] for m in reversed(opening) if m["role"] == "user"), opening[-1]["content"])
+                rows.append({"task_id": f"{env_cfg.name}:{_stable_id(settings)[:8]}:{seed}", "stage": stage,
+                             "environment": env_cfg.name, "settings": settings, "seed": seed, "prompt": prompt})
+            env.close()
+    report.kept = len(rows)
+    return (pl.DataFrame(rows) if rows else pl.DataFrame()), [], report
+
+
 def write_if_changed(wh: Warehouse, name: str, frame: pl.DataFrame, parents: list[TableRef],
                      note: str | None = None) -> TableRef:
     """A new snapshot only when the content changed, so unchanged data keeps stages resumable."""
@@ -528,6 +550,7 @@ BUILDERS: dict[str, Callable[[Sources, TrainConfig, object], tuple[pl.DataFrame,
     "dpo_pairs": build_dpo_pairs,
     "rl_prompts": lambda src, cfg, tokenizer: build_rl_prompts(src, cfg),
     "judge_data": build_judge_data,
+    "agent_tasks": lambda src, cfg, tokenizer: build_agent_tasks(src, cfg),
 }
 
 

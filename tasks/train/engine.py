@@ -107,6 +107,15 @@ def lr_lambda(optimizer_cfg: OptimizerConfig, total_steps: int):
     return factor
 
 
+def set_lr_factor(engine, factor) -> None:
+    """Replace the engine's schedule (a ``LambdaLR``) with ``factor(step)`` x the stage lr, applied
+    from the scheduler's current step on (a resumed engine restores the step, not the function)."""
+    scheduler = engine.lr_scheduler
+    scheduler.lr_lambdas = [factor] * len(scheduler.optimizer.param_groups)
+    for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs):
+        group["lr"] = base * factor(scheduler.last_epoch)
+
+
 def engine_setup(engine_cfg: EngineConfig, gradient_clipping: float | None = None) -> dict:
     """The environment, process group and comm op a DeepSpeed engine needs, and its JSON config
     (the global batch over this process group's ranks)."""

@@ -16,7 +16,8 @@ from tasks.train.harness import StageHarness, StageJob
 __all__ = ["RECIPES", "StageHarness", "StageJob", "execute_stage", "run_stage_here"]
 
 # recipe (data_specs.stages.TrainStage.recipe) -> "module:function" training one stage
-RECIPES = {"sft": "tasks.train.sft:train_sft", "dpo": "tasks.train.dpo:train_dpo", "rl": "tasks.train.rl:train_rl"}
+RECIPES = {"sft": "tasks.train.sft:train_sft", "dpo": "tasks.train.dpo:train_dpo", "rl": "tasks.train.rl:train_rl",
+           "agent": "tasks.train.agent:train_agent"}
 
 
 def run_stage_here(job: StageJob) -> dict:
