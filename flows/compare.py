@@ -26,7 +26,7 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from data_specs.stages import final_policy_stage
+from data_specs.stages import last_of
 from flows.common import mlflow_run_url
 from tasks import tracking
 from tasks.evaluate import ladder_figure, ladder_order, ladder_verdict
@@ -334,7 +334,7 @@ def pick_curves(names: set[str], limit: int) -> list[str]:
     by_stage: dict[str, list[str]] = {}
     for name in ordered:
         by_stage.setdefault(name.split("/", 1)[0], []).append(name)
-    final = final_policy_stage()
+    final = last_of("rl")
     stages = sorted(by_stage, key=lambda st: (st != final, st))
     out: list[str] = []
     while len(out) < limit and any(by_stage.values()):
