@@ -38,10 +38,14 @@ EVAL_RESULTS = register(TableSpec(
 ))
 
 EVAL_ITEMS = register(TableSpec(
-    "eval_items", version=1, key=("model", "benchmark", "item_id", "run_id"),
-    description="Per evaluated item: samples, correct samples, and why scoring failed if it did.",
+    "eval_items", version=2, key=("model", "benchmark", "item_id", "run_id"),
+    description="Per evaluated item: samples, correct samples, and why scoring failed if it did. Every stage "
+                "of a ladder scores the same items with the same seed: the rows pair across stages, which is "
+                "what the paired intervals of stage-vs-stage differences resample.",
     columns=[
         Column("model", pl.Utf8, required=True),
+        Column("stage", pl.Utf8, description="training stage that produced the model (base = before training); "
+                                              "empty for a model named on the command line"),
         Column("benchmark", pl.Utf8, required=True),
         Column("item_id", pl.Utf8, required=True),
         Column("domain", pl.Utf8, required=True),

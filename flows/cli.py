@@ -454,23 +454,39 @@ def run(profile: str = ProfileOpt, stage: list[str] = typer.Option([], "--stage"
     _print_summary(res, time.time() - t0, home)
 
 
-def _print_ladder(ladder: dict) -> None:
-    """Held-out pass@1 after each training stage: the table that shows whether training worked."""
+def _print_ladder(ladder: dict, intervals: list[dict] | None = None) -> None:
+    """Held-out pass@1 after each training stage: the table that shows whether training worked,
+    with RL - SFT and last - first as paired 95% intervals (bootstrap over the same items)."""
+    from data_specs.stages import last_of
+    from tasks.evaluate import HELDOUT_GROUPS, UNTRAINED_BENCHMARK, heldout_group, ladder_order
+    from tasks.heldout_stats import Interval, find_interval
+
     stages = list(dict.fromkeys(s for v in ladder.values() for s in v))
-    t = Table(title="held-out pass@1 after each stage (T=1.0, top-p 0.95; synthetic: seeds never trained on)")
+    ivs = [Interval.from_dict(d) for d in intervals or []]
+    t = Table(title="held-out pass@1 after each stage (T=1.0, top-p 0.95; synthetic: seeds never trained on; "
+                    "[paired 95% interval])")
     t.add_column("benchmark", no_wrap=True)
     for s in stages:
         t.add_column(s, justify="right")
-    t.add_column("RL - SFT", justify="right")
-    from data_specs.stages import last_of
-    from tasks.evaluate import SYNTHETIC_BENCHMARK, ladder_order
     sft, final = last_of("sft"), last_of("rl")
+    pairs = [(sft, final)] + ([(stages[0], stages[-1])] if stages and (stages[0], stages[-1]) != (sft, final) else [])
+    for a, b in pairs:
+        t.add_column(f"{b} - {a}", justify="right")
     for bench in ladder_order(ladder):
         by_stage = ladder[bench]
-        delta = by_stage[final] - by_stage[sft] if final in by_stage and sft in by_stage else None
-        name = "synthetic, mean" if bench == SYNTHETIC_BENCHMARK else bench.replace(f"{SYNTHETIC_BENCHMARK}/", "synthetic: ")
-        t.add_row(name, *[f"{by_stage[s]:.2f}" if s in by_stage else "" for s in stages],
-                  "" if delta is None else f"{delta:+.2f}")
+        group = heldout_group(bench)
+        never = " (never trained)" if UNTRAINED_BENCHMARK in (group, bench) else ""
+        name = (f"synthetic, mean{never}" if bench in HELDOUT_GROUPS else
+                f"synthetic: {bench.split('/', 1)[1]}{never}" if group else bench)
+        cells = []
+        for a, b in pairs:
+            iv = find_interval(ivs, bench, a, b)
+            if iv is not None:
+                style = "green" if iv.lo > 0 else "red" if iv.hi < 0 else "dim"
+                cells.append(f"[{style}]{iv.diff:+.2f} [{iv.lo:+.2f}, {iv.hi:+.2f}][/{style}]")
+            else:
+                cells.append(f"{by_stage[b] - by_stage[a]:+.2f}" if a in by_stage and b in by_stage else "")
+        t.add_row(name, *[f"{by_stage[s]:.2f}" if s in by_stage else "" for s in stages], *cells)
     console.print(t)
 
 
@@ -507,14 +523,20 @@ def _print_summary(res: dict, elapsed: float, home: str | None) -> None:
     if isinstance(res.get("references"), dict):
         _print_judge(res["references"])
     if "evaluate" in res and res["evaluate"].get("ladder"):
-        _print_ladder(res["evaluate"]["ladder"])
+        _print_ladder(res["evaluate"]["ladder"], res["evaluate"].get("intervals"))
     elif "evaluate" in res and res["evaluate"].get("pass_at_k"):
         _print_counts(res["evaluate"]["pass_at_k"], title=f"eval pass@k ({res['evaluate'].get('model')})")
     if "audit" in res and isinstance(res["audit"], dict) and "checks" in res["audit"]:
         _print_audit(res["audit"])
+    from flows.pipeline import idle_lines, idle_stages
     from tasks.evaluate import ladder_verdict
+    from tasks.heldout_stats import Interval
+    for line in idle_lines(idle_stages(res)):
+        console.print(f"[yellow]did nothing[/yellow] {line}", soft_wrap=True, highlight=False)
     audit = res.get("audit") if isinstance(res.get("audit"), dict) else {}
-    verdict = ladder_verdict((res.get("evaluate") or {}).get("ladder") or {}, audit.get("passed"))
+    evaluated = res.get("evaluate") or {}
+    verdict = ladder_verdict(evaluated.get("ladder") or {}, audit.get("passed"),
+                             [Interval.from_dict(d) for d in evaluated.get("intervals") or []])
     if verdict:   # the one line a user reads first, last on the screen
         console.print(f"[bold]{verdict}[/bold]", soft_wrap=True, highlight=False)
     console.print(f"pipeline MLflow run: {res.get('mlflow_run_id')}   wall time {elapsed:.0f}s")

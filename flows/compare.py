@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import os
 import re
 from collections import Counter
@@ -30,8 +31,12 @@ from data_specs.stages import last_of
 from flows.common import mlflow_run_url
 from tasks import tracking
 from tasks.evaluate import ladder_figure, ladder_order, ladder_verdict
+from tasks.heldout_stats import Interval, interval_table
 from tasks.train.config import STAGE_ORDER
 from warehouse import Warehouse
+
+# The pipeline run's tag naming the train stages that trained 0 steps, with their reasons.
+IDLE_STAGES_TAG = "posttrain.idle_stages"
 
 EVAL_METRIC = re.compile(r"^eval\.(?P<benchmark>.+)\.pass_at_(?P<k>\d+)$")
 CURVE_PATTERN = re.compile(r"reward", re.IGNORECASE)
@@ -174,6 +179,22 @@ def eval_ladder(family: RunFamily) -> dict[str, dict[str, float]]:
             if m:
                 out.setdefault(m["benchmark"], {})[m["stage"]] = float(value)
     return {b: dict(sorted(v.items(), key=lambda kv: LADDER_STAGES.index(kv[0]))) for b, v in sorted(out.items())}
+
+
+DELTA_METRIC = re.compile(rf"^eval\.delta\.(?P<b>{_LADDER})_vs_(?P<a>{_LADDER})\.(?P<benchmark>.+)\."
+                          r"(?P<what>diff|lo|hi)$")
+
+
+def eval_intervals(family: RunFamily) -> list[Interval]:
+    """The evaluate stage's paired 95% intervals of stage-vs-stage differences, from its metrics
+    (``eval.delta.<b>_vs_<a>.<benchmark>.{diff,lo,hi}``)."""
+    parts: dict[tuple[str, str, str], dict[str, float]] = {}
+    for _key, r in family.keyed():
+        for name, value in r.data.metrics.items():
+            if m := DELTA_METRIC.match(name):
+                parts.setdefault((m["benchmark"], m["a"], m["b"]), {})[m["what"]] = float(value)
+    return [Interval(bench, a, b, v["diff"], v["lo"], v["hi"], 0) for (bench, a, b), v in parts.items()
+            if {"diff", "lo", "hi"} <= set(v)]
 
 
 def ladder_frame(ladder: dict[str, dict[str, float]]) -> pl.DataFrame:
@@ -584,7 +605,11 @@ def write_run_report(run_id: str, home: str | os.PathLike | None = None, out_dir
     root = family.root
     started = datetime.fromtimestamp(root.info.start_time / 1000, tz=UTC).isoformat(timespec="seconds")
     violations = [v for k, v in family_metrics(family).items() if k.endswith("audit.violations")]
-    verdict = ladder_verdict(ladder, (violations[-1] == 0) if violations else None)
+    intervals = eval_intervals(family)
+    verdict = ladder_verdict(ladder, (violations[-1] == 0) if violations else None, intervals)
+    interval_rows = interval_table(intervals, ladder_order(ladder))
+    interval_frame = pl.DataFrame(interval_rows).drop("items") if interval_rows else pl.DataFrame()
+    idle = json.loads(root.data.tags.get(IDLE_STAGES_TAG, "[]"))
     datasets = _dataset_rows(family)
     parts = [
         (f"<!doctype html><html><head><meta charset='utf-8'><title>posttrain run {html.escape(label)}</title>"
@@ -602,6 +627,11 @@ def write_run_report(run_id: str, home: str | os.PathLike | None = None, out_dir
         _html_table(ladder_frame(ladder), "no per-stage evaluation in this run"),
         _img(plots.get("ladder"), "held-out pass@1 per family after base, SFT, DPO and RL",
              "this run evaluated no training stage"),
+        "<h3>What each stage changed: paired 95% intervals (bootstrap over the same items and seeds)</h3>",
+        _html_table(interval_frame, "no stage-vs-stage comparison in this run"),
+        *(["<h3>Stages that did nothing</h3><ul>"
+           + "".join(f"<li><code>{html.escape(d['stage'])}</code>: {html.escape(d['reason'])}</li>" for d in idle)
+           + "</ul>"] if idle else []),
         "<h2>The GenRM judge on held-out items (chance: 0.5)</h2>",
         _html_table(judge_frame(family), "no judge validation on synthetic items in this run"),
         "<h2>Held-out pass@k of the final model</h2>", _html_table(eval_frame.rename({"a": "pass_at_k"}), "no evaluation in this run"),

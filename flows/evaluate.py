@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.common import flow_context, flow_logger, report_progress
 from tasks import tracking
 from tasks.evaluate import (
-    SYNTHETIC_BENCHMARK,
+    HELDOUT_GROUPS,
     EvalItem,
     EvaluateConfig,
     ItemResult,
@@ -19,16 +19,20 @@ from tasks.evaluate import (
     choose_model,
     evaluate_environments,
     evaluate_items,
+    heldout_group,
     heldout_synthetic_items,
     item_rows,
     ladder_figure,
+    ladder_intervals,
     ladder_table,
     pass_at_k_figure,
     pass_at_k_metrics,
     stage_ladder,
     summarize,
+    trained_task_names,
     training_instance_ids,
 )
+from tasks.heldout_stats import interval_metrics
 from tasks.rollout.base import RolloutBackend
 from tasks.rollout.config import RolloutConfig
 from tasks.rollout.factory import make_backend
@@ -96,7 +100,8 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
         items = benchmark_items(wh, cfg, sources)
         heldout = None
         if cfg.synthetic is not None:
-            heldout = heldout_synthetic_items(cfg.synthetic, training_instance_ids(wh, sources))
+            heldout = heldout_synthetic_items(cfg.synthetic, training_instance_ids(wh, sources),
+                                              trained_task_names(wh, sources))
             items += heldout.items
             tracking.log_counters({"items": len(heldout.items),
                                    "skipped_seen_in_training": heldout.skipped_seen_in_training,
@@ -105,9 +110,10 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
             raise ValueError("evaluate: no items: configure benchmarks, synthetic tasks and/or agent environments")
 
         per_benchmark = Counter(it.benchmark for it in items)
-        if heldout is not None and heldout.items:
-            per_benchmark[SYNTHETIC_BENCHMARK] = len(heldout.items)   # the families pooled
-        summaries, per_item, metrics, errors = [], [], {}, 0
+        for bench, count in Counter(heldout_group(it.benchmark) for it in items).items():
+            if bench is not None:
+                per_benchmark[bench] = count   # the families pooled
+        summaries, per_item, metrics, errors, results_by_stage = [], [], {}, 0, {}
         for choice in chosen:
             backend = _backend_for(rollout, choice)
             log.info("evaluating %s (%s) on %d items, n=%d, temperature=%s, top_p=%s",
@@ -121,6 +127,8 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
             summaries.append(summary)
             per_item.append(item_rows(results, choice, ctx.run_id))
             errors += sum(r.verify_errors for r in results)
+            if choice.stage:
+                results_by_stage[choice.stage] = results
             if choice.stage and len(chosen) > 1:
                 metrics.update(pass_at_k_metrics(summary, choice.stage))
         summary = pl.concat(summaries, how="diagonal_relaxed")
@@ -138,16 +146,24 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
         tracking.log_figure(pass_at_k_figure(final_summary, f"held-out pass@k: {final.model_id}"),
                             "plots/eval_pass_at_k.png")
         ladder = ladder_table(summary)
-        if len(chosen) > 1 and any(b.startswith(SYNTHETIC_BENCHMARK) for b in ladder):
+        intervals = ladder_intervals(results_by_stage, cfg.seed) if len(results_by_stage) > 1 else []
+        if intervals:
+            tracking.log_counters(interval_metrics(intervals), prefix="eval")
+            tracking.log_dict([iv.as_dict() for iv in intervals], "eval/intervals.json")
+        if len(chosen) > 1 and any(b in HELDOUT_GROUPS or heldout_group(b) for b in ladder):
             tracking.log_figure(ladder_figure(ladder, "held-out pass@1 after each stage"), "plots/eval_ladder.png")
             tracking.log_dict(ladder, "eval/ladder.json")
         for r in final_summary.iter_rows(named=True):
             log.info("%-18s pass@%d = %.3f over %d items", r["benchmark"], r["k"], r["pass_at_k"], r["items"])
         for bench, by_stage in ladder.items():
             log.info("%-32s %s", bench, "  ".join(f"{st} {v:.2f}" for st, v in by_stage.items()))
+        for iv in intervals:
+            log.info("%-32s %s vs %s %s%s", iv.benchmark, iv.b, iv.a, iv.label(), " (within noise)" if iv.within_noise
+                     else "")
         report_progress("evaluate", "done")
         return {"mlflow_run_id": ctx.run_id, "model": final.model_id, "model_source": final.source,
                 "tables": ctx.log_outputs(refs), "pass_at_k": pass_at_k_metrics(final_summary), "items": len(items),
                 "synthetic_items": len(heldout.items) if heldout else 0, "ladder": ladder,
+                "intervals": [iv.as_dict() for iv in intervals],
                 "stages": [c.stage for c in chosen if c.stage],
-                "benchmarks": [b for b in per_benchmark if not b.startswith(SYNTHETIC_BENCHMARK)]}
+                "benchmarks": [b for b in per_benchmark if heldout_group(b) is None and b not in HELDOUT_GROUPS]}

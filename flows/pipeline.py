@@ -40,7 +40,7 @@ from data_specs.stages import (
 )
 from flows.audit import audit_flow
 from flows.common import flow_context, flow_logger, progress_scope, report_progress
-from flows.compare import write_run_report
+from flows.compare import IDLE_STAGES_TAG, write_run_report
 from flows.curate import curate_flow
 from flows.difficulty import difficulty_flow
 from flows.evaluate import evaluate_flow
@@ -514,6 +514,8 @@ def pipeline_flow(profile: str = "tiny", stages: list[str] | None = None, home: 
         results["mlflow_run_id"] = ctx.run_id
         results["tables"] = {r["name"]: r["rows"] for r in ctx.wh.tables().iter_rows(named=True)}
         tracking.log_counters(headline_metrics(results), run_id=ctx.run_id)
+        if idle := idle_stages(results):   # the report shows them from this tag
+            tracking.set_tags({IDLE_STAGES_TAG: json.dumps(idle)}, run_id=ctx.run_id)
     # after the parent run is closed, so the report sees final stage timings
     results["report"] = str(write_run_report(results["mlflow_run_id"], home=home))
     log.info("run report: %s", results["report"])
@@ -538,15 +540,35 @@ def headline_metrics(results: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def idle_stages(results: dict[str, Any]) -> list[dict[str, str]]:
+    """The training stages of this run that did nothing, each with why: trained 0 steps because
+    the profile asks for no data of its kind, or no row of its table is assigned to it. Each train
+    stage's pipeline result (a train flow's) holds its per-stage results under ``stages``."""
+    out, seen = [], set()
+    for result in results.values():
+        stages = result.get("stages") if isinstance(result, dict) else None
+        for name, r in (stages.items() if isinstance(stages, dict) else ()):
+            if isinstance(r, dict) and "steps" in r and not r["steps"] and name not in seen:
+                seen.add(name)
+                out.append({"stage": name, "reason": r.get("reason") or "trained 0 steps"})
+    return out
+
+
+def idle_lines(idle: list[dict[str, str]]) -> list[str]:
+    return [f"{d['stage']}: {d['reason']}" for d in idle]
+
+
 def run_summary_markdown(results: dict[str, Any]) -> str:
     """What the Prefect flow run shows on its Artifacts tab: where the run lives in MLflow,
     the report, and the held-out table when the run evaluated."""
     from tasks.evaluate import ladder_order, ladder_verdict
+    from tasks.heldout_stats import Interval, interval_table
     from tasks.synthesize import band_levels
 
     audit = results.get("audit")
     ladder = (results.get("evaluate") or {}).get("ladder") or {}
-    verdict = ladder_verdict(ladder, audit.get("passed") if isinstance(audit, dict) else None)
+    intervals = [Interval.from_dict(d) for d in (results.get("evaluate") or {}).get("intervals") or []]
+    verdict = ladder_verdict(ladder, audit.get("passed") if isinstance(audit, dict) else None, intervals)
     lines = ["# posttrain run", "", *([f"**{verdict}**", ""] if verdict else []),
              f"- MLflow run: `{results['mlflow_run_id']}` (tracking store `{tracking.mlflow.get_tracking_uri()}`)",
              f"- report: `{results['report']}`"]
@@ -564,6 +586,15 @@ def run_summary_markdown(results: dict[str, Any]) -> str:
         for bench in ladder_order(ladder):
             lines.append(f"| {bench} | " + " | ".join(f"{ladder[bench][s]:.3f}" if s in ladder[bench] else ""
                                                        for s in stages) + " |")
+    rows = interval_table(intervals, ladder_order(ladder))
+    if rows:
+        lines += ["", "## What each stage changed: paired 95% intervals (bootstrap over the same items)", "",
+                  "| benchmark | comparison | difference | 95% interval | verdict |", "|---|---|---:|---|---|"]
+        lines += [f"| {r['benchmark']} | {r['comparison']} | {r['difference']} | {r['interval']} | {r['verdict']} |"
+                  for r in rows]
+    idle = idle_stages(results)
+    if idle:
+        lines += ["", "## Stages that did nothing", "", *[f"- {line}" for line in idle_lines(idle)]]
     return "\n".join(lines)
 
 

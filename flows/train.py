@@ -138,7 +138,9 @@ def train_stage_task(stage: str, home: str, profile: str, run_name: str, init_mo
             flow_logger().warning("train %s: no rows of %s fall in this stage's range; the model passes "
                                   "through unchanged", stage, ref)
             skipped, result = False, {"path": init_model, "steps": 0, "final_loss": None, "seconds": 0.0,
-                                      "passed_through": True}
+                                      "passed_through": True,
+                                      "reason": f"no row of {ref.name} is assigned to it: the model of the stage "
+                                                "before passes through unchanged"}
             tracking.set_tags({"posttrain.passed_through": True})
         else:
             skipped = _prepare_stage_dir(job, resume)
@@ -314,7 +316,8 @@ def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str]
             table = train_stage(stage).table
             if table not in data_refs and train_stage(stage).optional:
                 log.info("train %s: no %s rows (the profile asks for none): stage not trained", stage, table)
-                results[stage] = {"steps": 0, "no_data": True}
+                results[stage] = {"steps": 0, "no_data": True,
+                                  "reason": f"no {table} rows: the profile asks for none"}
                 continue
             if table not in data_refs:
                 raise ValueError(f"stage {stage}: the warehouse yielded no {table} rows "

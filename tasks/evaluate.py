@@ -23,7 +23,7 @@ from pathlib import Path
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from data_specs.stages import phase_ends
+from data_specs.stages import last_of, phase_ends
 from tasks.agents.evaluate import AgentHeldout, evaluate_agent
 from tasks.model_registry import audited_row, read_models, refuse_failed_audit
 from tasks.passk import pass_at_k
@@ -35,6 +35,8 @@ from tasks.synth.registry import get_task, own_task_names
 from warehouse import TableRef, Warehouse
 
 SYNTHETIC_BENCHMARK = "synthetic_heldout"
+UNTRAINED_BENCHMARK = "untrained_heldout"   # families no stage trains on, pooled like SYNTHETIC_BENCHMARK
+HELDOUT_GROUPS = (SYNTHETIC_BENCHMARK, UNTRAINED_BENCHMARK)
 MODELS_TABLE = "models"
 
 
@@ -45,6 +47,16 @@ class SyntheticHeldout(BaseModel):
     levels: list[int] | None = Field(None, description="None: every level of the task, round-robin")
     levels_by_task: dict[str, list[int]] = Field(default_factory=dict, description="levels for particular tasks")
     max_draws_per_instance: int = Field(4, ge=1, description="draws allowed per wanted instance")
+    untrained: list[str] = Field(
+        default_factory=list, description="families no stage trains on (own task names or rg:<dataset>), scored "
+                                          "apart from the trained ones: what training does to skills it never saw")
+
+    @model_validator(mode="after")
+    def _apart(self) -> SyntheticHeldout:
+        both = sorted(set(self.tasks or []) & set(self.untrained))
+        if both:
+            raise ValueError(f"evaluate.synthetic: {both} listed both in tasks (trained) and in untrained")
+        return self
 
 
 LADDER = ("base", *phase_ends())   # the model before training, then the end of each recipe phase
@@ -221,15 +233,40 @@ class HeldoutDraw:
     skipped_duplicates: int = 0
 
 
-def synthetic_benchmark(task: str) -> str:
-    """Held-out synthetic items are reported per task family, and pooled as SYNTHETIC_BENCHMARK."""
-    return f"{SYNTHETIC_BENCHMARK}/{task}"
+def synthetic_benchmark(task: str, untrained: bool = False) -> str:
+    """Held-out synthetic items are reported per task family, and pooled as SYNTHETIC_BENCHMARK
+    (families training draws from) or UNTRAINED_BENCHMARK (families no stage trains on)."""
+    return f"{UNTRAINED_BENCHMARK if untrained else SYNTHETIC_BENCHMARK}/{task}"
 
 
-def heldout_synthetic_items(spec: SyntheticHeldout, training_ids: set[str]) -> HeldoutDraw:
-    """Fresh instances per task from the reserved (negative) seed range, none seen in training."""
+def heldout_group(benchmark: str) -> str | None:
+    """The pooled benchmark a held-out family belongs to (None for a public benchmark)."""
+    return next((g for g in HELDOUT_GROUPS if benchmark.startswith(f"{g}/")), None)
+
+
+def trained_task_names(wh: Warehouse, sources: Mapping[str, TableRef] | None = None) -> set[str]:
+    """The synthetic task families of the home's training data (``synthetic_tasks``, at the
+    snapshot handed over in ``sources``, else its newest)."""
+    ref = wh.pinned("synthetic_tasks", sources)
+    if ref is None:
+        return set()
+    table = wh.read_ref(ref)
+    return set(table.get_column("task").unique().to_list()) if "task" in table.columns else set()
+
+
+def heldout_synthetic_items(spec: SyntheticHeldout, training_ids: set[str],
+                            trained_tasks: set[str] | None = None) -> HeldoutDraw:
+    """Fresh instances per task from the reserved (negative) seed range, none seen in training;
+    the ``untrained`` families too, refused if training drew from one of them (``trained_tasks``)."""
     out = HeldoutDraw()
-    for name in spec.tasks if spec.tasks is not None else own_task_names():
+    trained_too = sorted(set(spec.untrained) & (trained_tasks or set()))
+    if trained_too:
+        raise ValueError(f"evaluate.synthetic.untrained: {trained_too} are in this home's training data "
+                         "(synthetic_tasks): a family a stage trains on cannot measure what training does to "
+                         "unseen skills; move it to evaluate.synthetic.tasks")
+    families = [(name, False) for name in (spec.tasks if spec.tasks is not None else own_task_names())]
+    families += [(name, True) for name in spec.untrained]
+    for name, untrained in families:
         task = get_task(name)
         levels = spec.levels_by_task.get(name, spec.levels)
         levels = levels if levels is not None else list(range(task.n_levels))
@@ -252,8 +289,8 @@ def heldout_synthetic_items(spec: SyntheticHeldout, training_ids: set[str]) -> H
             row = {"id": inst.id, "task": inst.task, "level": inst.level, "seed": inst.seed,
                    "prompt": inst.prompt, "question": inst.question, "answer": inst.answer,
                    "metadata": inst.metadata_json(), "domain": "logic"}
-            out.items.append(EvalItem(synthetic_benchmark(inst.task), f"{inst.task}/{inst.level}/{inst.seed}",
-                                      "logic", row))
+            out.items.append(EvalItem(synthetic_benchmark(inst.task, untrained),
+                                      f"{inst.task}/{inst.level}/{inst.seed}", "logic", row))
     return out
 
 
@@ -304,8 +341,8 @@ def summarize(results: list[ItemResult], cfg: EvaluateConfig, model: ModelChoice
     by_benchmark: dict[str, list[ItemResult]] = {}
     for r in results:
         by_benchmark.setdefault(r.item.benchmark, []).append(r)
-        if r.item.benchmark.startswith(f"{SYNTHETIC_BENCHMARK}/"):
-            by_benchmark.setdefault(SYNTHETIC_BENCHMARK, []).append(r)
+        if (group := heldout_group(r.item.benchmark)) is not None:
+            by_benchmark.setdefault(group, []).append(r)
     rows = []
     for bench, rs in by_benchmark.items():
         for k in cfg.k:
@@ -325,11 +362,29 @@ def summarize(results: list[ItemResult], cfg: EvaluateConfig, model: ModelChoice
 def item_rows(results: list[ItemResult], model: ModelChoice, run_id: str | None) -> pl.DataFrame:
     from data_specs import get_spec
     spec = get_spec("eval_items")
-    rows = [{"model": model.model_id, "benchmark": r.item.benchmark, "item_id": r.item.item_id,
+    rows = [{"model": model.model_id, "stage": model.stage, "benchmark": r.item.benchmark, "item_id": r.item.item_id,
              "domain": r.item.domain, "n": r.n, "correct": r.correct, "pass_at_1": r.correct / r.n,
              "mean_tokens": r.mean_tokens, "verify_errors": r.verify_errors, "first_error": r.first_error,
              "run_id": run_id} for r in results]
     return spec.conform(pl.DataFrame(rows, infer_schema_length=None)) if rows else spec.empty()
+
+
+def ladder_intervals(results_by_stage: Mapping[str, list[ItemResult]], seed: int = 0) -> list:
+    """Paired 95% intervals (``tasks.heldout_stats``) of every stage-vs-stage difference the
+    ladder asks for, per held-out family and per pooled group (trained / never trained): the
+    same items and sampling seed on both sides, bootstrapped over items."""
+    from tasks.heldout_stats import stage_intervals
+
+    scores = {stage: {(r.item.benchmark, r.item.item_id): r.correct / r.n for r in rs if r.n}
+              for stage, rs in results_by_stage.items()}
+    benches = sorted({b for by in scores.values() for b, _ in by})
+    groups: dict[str, list[str]] = {}
+    for group in HELDOUT_GROUPS:
+        members = [b for b in benches if heldout_group(b) == group]
+        groups.update({b: [b] for b in members})
+        if members:
+            groups[group] = members
+    return stage_intervals(scores, groups, seed=seed)
 
 
 def pass_at_k_metrics(summary: pl.DataFrame, stage: str | None = None) -> dict[str, float]:
@@ -348,54 +403,107 @@ def ladder_table(summary: pl.DataFrame, k: int = 1) -> dict[str, dict[str, float
 
 
 def ladder_order(ladder: dict) -> list[str]:
-    """Benchmarks to show: synthetic families first, then their mean, then the public benchmarks."""
-    return sorted(ladder, key=lambda b: (not b.startswith(f"{SYNTHETIC_BENCHMARK}/"), b != SYNTHETIC_BENCHMARK, b))
+    """Benchmarks to show: the trained synthetic families, then their mean, then the families no
+    stage trains on and their mean, then the public benchmarks."""
+    def rank(b: str) -> tuple:
+        for i, group in enumerate(HELDOUT_GROUPS):
+            if b.startswith(f"{group}/"):
+                return (2 * i, b)
+            if b == group:
+                return (2 * i + 1, b)
+        return (2 * len(HELDOUT_GROUPS), b)
+    return sorted(ladder, key=rank)
 
 
-def ladder_verdict(ladder: dict[str, dict[str, float]], audit_passed: bool | None = None) -> str | None:
+def _families(ladder: dict, group: str) -> list[str]:
+    return [b for b in ladder if b.startswith(f"{group}/")] or [b for b in ladder if b == group]
+
+
+def _stage_mean(ladder: dict, families: list[str], stage: str) -> float:
+    values = [ladder[b][stage] for b in families if stage in ladder[b]]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def untrained_falls(ladder: dict, intervals: list | None) -> list:
+    """The never-trained families (and their mean) whose pass@1 fell from the first stage to the
+    last beyond the paired interval: what training cost on skills it never saw."""
+    stages = list(dict.fromkeys(s for b in _families(ladder, UNTRAINED_BENCHMARK) for s in ladder[b]))
+    if not intervals or len(stages) < 2:
+        return []
+    names = set(_families(ladder, UNTRAINED_BENCHMARK)) | {UNTRAINED_BENCHMARK}
+    return [iv for iv in intervals if iv.benchmark in names and (iv.a, iv.b) == (stages[0], stages[-1]) and iv.fell]
+
+
+def ladder_verdict(ladder: dict[str, dict[str, float]], audit_passed: bool | None = None,
+                   intervals: list | None = None) -> str | None:
     """One line a user reads first: did training help on held-out families (the mean pass@1 of
-    the synthetic families, first stage -> last, and RL over the stage before it), and the
-    audit; None when the run evaluated no stage ladder."""
-    families = [b for b in ladder if b.startswith(f"{SYNTHETIC_BENCHMARK}/")] or \
-        [b for b in ladder if b == SYNTHETIC_BENCHMARK]
+    the trained synthetic families, first stage -> last, the last stage over the one before it
+    and RL over SFT), each with its paired 95% interval where ``intervals`` (``tasks.heldout_stats``)
+    has it and "within noise" when that interval contains 0; whether a family no stage trains on
+    fell beyond its interval; and the audit. None when the run evaluated no stage ladder."""
+    from tasks.heldout_stats import find_interval
+
+    families = _families(ladder, SYNTHETIC_BENCHMARK)
     stages = list(dict.fromkeys(s for b in families for s in ladder[b]))
     if not families or len(stages) < 2:
         return None
 
     def mean(stage: str) -> float:
-        values = [ladder[b][stage] for b in families if stage in ladder[b]]
-        return sum(values) / len(values) if values else float("nan")
+        return _stage_mean(ladder, families, stage)
+
+    def delta(a: str, b: str) -> tuple[str, object]:
+        iv = find_interval(intervals or [], SYNTHETIC_BENCHMARK, a, b)
+        if iv is None:
+            return f"{mean(b) - mean(a):+.2f}", None
+        return f"{iv.label()}{' within noise' if iv.within_noise else ''}", iv
 
     first, last = stages[0], stages[-1]
+    text, overall = delta(first, last)
     gain = mean(last) - mean(first)
-    line = (f"Training {'helped' if gain > 0 else 'did not help'}: mean held-out pass@1 over {len(families)} "
+    if overall is not None and overall.within_noise:
+        head = "Training's effect is within noise"
+    else:
+        head = f"Training {'helped' if gain > 0 else 'did not help'}"
+    line = (f"{head}: mean held-out pass@1 over {len(families)} "
             f"famil{'y' if len(families) == 1 else 'ies'} {mean(first):.2f} ({first}) -> {mean(last):.2f} ({last}), "
-            f"{gain:+.2f}")
-    if len(stages) > 2:
-        line += f"; {last} vs {stages[-2]} {mean(last) - mean(stages[-2]):+.2f}"
+            f"{text}")
+    pairs = [(stages[-2], last)] if len(stages) > 2 else []
+    sft, rl = last_of("sft"), last_of("rl")
+    if sft in stages and rl in stages and (sft, rl) not in pairs and (sft, rl) != (first, last):
+        pairs.append((sft, rl))
+    for a, b in pairs:
+        line += f"; {b} vs {a} {delta(a, b)[0]}"
+    if _families(ladder, UNTRAINED_BENCHMARK) and intervals:
+        falls = untrained_falls(ladder, intervals)
+        untrained = len([b for b in ladder if b.startswith(f"{UNTRAINED_BENCHMARK}/")]) or 1
+        line += ("; never-trained families FELL: " + ", ".join(
+            f"{iv.benchmark.split('/', 1)[-1]} {iv.label()} ({iv.a} -> {iv.b})" for iv in falls) if falls else
+            f"; no never-trained family ({untrained}) fell beyond its interval")
     if audit_passed is not None:
         line += f"; training-data audit {'passed' if audit_passed else 'FAILED'}"
     return line + "."
 
 
 def ladder_figure(ladder: dict[str, dict[str, float]], title: str):
-    """One small chart per held-out synthetic family (and the pooled mean): pass@1 after each stage."""
+    """One small chart per held-out synthetic family and each pooled mean: pass@1 after each
+    stage (trained families blue, families no stage trains on orange, means black)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    families = sorted(b for b in ladder if b.startswith(f"{SYNTHETIC_BENCHMARK}/"))
-    panels = families + ([SYNTHETIC_BENCHMARK] if SYNTHETIC_BENCHMARK in ladder else [])
+    panels = [b for b in ladder_order(ladder) if heldout_group(b) is not None or b in HELDOUT_GROUPS]
     cols = min(4, max(1, len(panels)))
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False, sharey=True)
     for ax, bench in zip(axes.flat, panels):
         by_stage = ladder[bench]
-        ax.plot(list(by_stage), list(by_stage.values()), marker="o", color="black" if bench == SYNTHETIC_BENCHMARK
-                else "tab:blue")
+        untrained = bench == UNTRAINED_BENCHMARK or heldout_group(bench) == UNTRAINED_BENCHMARK
+        ax.plot(list(by_stage), list(by_stage.values()), marker="o",
+                color="black" if bench in HELDOUT_GROUPS else "tab:orange" if untrained else "tab:blue")
         for x, y in enumerate(by_stage.values()):
             ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
-        ax.set_title("mean of families" if bench == SYNTHETIC_BENCHMARK else bench.split("/", 1)[1], fontsize=10)
+        name = ("mean of families" if bench in HELDOUT_GROUPS else bench.split("/", 1)[1])
+        ax.set_title(f"{name} (never trained)" if untrained else name, fontsize=10)
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
         ax.tick_params(axis="x", labelsize=8)
