@@ -38,6 +38,7 @@ SYNTHETIC_BENCHMARK = "synthetic_heldout"
 UNTRAINED_BENCHMARK = "untrained_heldout"   # families no stage trains on, pooled like SYNTHETIC_BENCHMARK
 HELDOUT_GROUPS = (SYNTHETIC_BENCHMARK, UNTRAINED_BENCHMARK)
 MODELS_TABLE = "models"
+ANSWER_STOP = "</answer>"   # the logic extractor's closing tag (tasks.synth.base.extract_answer)
 
 
 class SyntheticHeldout(BaseModel):
@@ -50,6 +51,7 @@ class SyntheticHeldout(BaseModel):
     untrained: list[str] = Field(
         default_factory=list, description="families no stage trains on (own task names or rg:<dataset>), scored "
                                           "apart from the trained ones: what training does to skills it never saw")
+    per_task_untrained: int | None = Field(None, ge=1, description="items per untrained family (None: per_task)")
 
     @model_validator(mode="after")
     def _apart(self) -> SyntheticHeldout:
@@ -81,6 +83,10 @@ class EvaluateConfig(VerifySettings):
     synthetic: SyntheticHeldout | None = Field(default_factory=SyntheticHeldout)
     agent: AgentHeldout | None = Field(None, description="held-out environment episodes, scored as success rate")
     prompts_per_chunk: int = Field(32, ge=1, description="prompts sent to the backend at once")
+    stop_at_answer: bool = Field(
+        True, description="logic items stop sampling at the first </answer>: the answer the model commits to "
+                          "first is the one scored (turn off for a model that closes answer tags inside its "
+                          "thinking)")
 
     @model_validator(mode="after")
     def _k_fits_n(self) -> EvaluateConfig:
@@ -94,11 +100,14 @@ class EvaluateConfig(VerifySettings):
     def items_limit(self, benchmark: str) -> int | None:
         return self.max_items_per_benchmark.get(benchmark, self.max_items)
 
-    def sampling_params(self) -> SamplingParams:
-        # No repetition truncation at evaluation: a truncated sample would be scored on a
-        # response the model did not finish.
-        return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p,
-                              max_tokens=self.max_tokens, seed=self.seed, repetition_window=None)
+    def sampling_params(self, domain: str | None = None) -> SamplingParams:
+        """One random stream per sample (``seed_per_sequence``): an item's samples do not depend
+        on the batch it shares or on a stop elsewhere, and every stage draws the same uniforms on
+        the same item (common random numbers for the paired intervals). No repetition truncation
+        at evaluation: a truncated sample would be scored on a response the model did not finish."""
+        stop = (ANSWER_STOP,) if domain == "logic" and self.stop_at_answer else ()
+        return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
+                              seed=self.seed, repetition_window=None, stop=stop, seed_per_sequence=True)
 
 
 # -- which model ---------------------------------------------------------------------------------
@@ -275,7 +284,8 @@ def heldout_synthetic_items(spec: SyntheticHeldout, training_ids: set[str],
             raise ValueError(f"evaluate.synthetic.levels {bad or levels} not usable for task {name!r} "
                              f"(levels 0..{task.n_levels - 1})")
         seen: set[str] = set()
-        draw, wanted = 0, spec.per_task
+        draw = 0
+        wanted = spec.per_task_untrained if untrained and spec.per_task_untrained is not None else spec.per_task
         while len(seen) < wanted and draw < wanted * spec.max_draws_per_instance:
             inst = task.generate(heldout_seed(draw), levels[draw % len(levels)])
             draw += 1
@@ -308,23 +318,30 @@ class ItemResult:
 
 def evaluate_items(items: list[EvalItem], backend: RolloutBackend, cfg: EvaluateConfig,
                    progress=None) -> list[ItemResult]:
-    """Sample ``cfg.n`` completions per item and score each; one failed score never stops the batch."""
-    params, limits = cfg.sampling_params(), cfg.sandbox_limits()
-    results: list[ItemResult] = []
+    """Sample ``cfg.n`` completions per item and score each; one failed score never stops the batch.
+    Items go to the backend a domain at a time (each domain's stop strings), ``prompts_per_chunk``
+    at a time; results come back in the order of ``items``."""
+    limits = cfg.sandbox_limits()
+    by_domain: dict[str, list[int]] = {}
+    for i, it in enumerate(items):
+        by_domain.setdefault(it.domain, []).append(i)
+    results: dict[int, ItemResult] = {}
     with ThreadPoolExecutor(max_workers=cfg.verify_workers) as pool:
-        for start in range(0, len(items), cfg.prompts_per_chunk):
-            chunk = items[start:start + cfg.prompts_per_chunk]
-            prompts = [render_prompt(it.row, it.domain, cfg, backend) for it in chunk]
-            for it, completions in zip(chunk, backend.generate(prompts, params)):
-                scored = score_samples(it.domain, it.row, completions, limits, pool)
-                errors = [s.error for s in scored if s.error]
-                results.append(ItemResult(
-                    item=it, n=len(scored), correct=sum(1 for s in scored if s.reward >= 1.0),
-                    mean_tokens=sum(len(s.completion.token_ids) for s in scored) / max(1, len(scored)),
-                    verify_errors=len(errors), first_error=errors[0] if errors else None))
-            if progress is not None:
-                progress(len(results), len(items))
-    return results
+        for domain, indices in by_domain.items():
+            params = cfg.sampling_params(domain)
+            for start in range(0, len(indices), cfg.prompts_per_chunk):
+                chunk = indices[start:start + cfg.prompts_per_chunk]
+                prompts = [render_prompt(items[i].row, domain, cfg, backend) for i in chunk]
+                for i, completions in zip(chunk, backend.generate(prompts, params)):
+                    scored = score_samples(domain, items[i].row, completions, limits, pool)
+                    errors = [s.error for s in scored if s.error]
+                    results[i] = ItemResult(
+                        item=items[i], n=len(scored), correct=sum(1 for s in scored if s.reward >= 1.0),
+                        mean_tokens=sum(len(s.completion.token_ids) for s in scored) / max(1, len(scored)),
+                        verify_errors=len(errors), first_error=errors[0] if errors else None)
+                if progress is not None:
+                    progress(len(results), len(items))
+    return [results[i] for i in range(len(items))]
 
 
 def evaluate_environments(backend: RolloutBackend, cfg: EvaluateConfig) -> list[ItemResult]:

@@ -11,6 +11,7 @@ from mlflow.tracking import MlflowClient
 from tasks import sources, tracking
 from tasks.evaluate import (
     SYNTHETIC_BENCHMARK,
+    UNTRAINED_BENCHMARK,
     EvaluateConfig,
     ModelChoice,
     SyntheticHeldout,
@@ -64,12 +65,13 @@ def flow_result(eval_home, tiny_model):
 
 
 FAMILIES = [f"{SYNTHETIC_BENCHMARK}/{t}" for t in ("web_of_lies", "object_properties", "object_counting")]
+UNTRAINED = [f"{UNTRAINED_BENCHMARK}/rg:gcd"]   # the tiny profile's family no stage trains on
 
 
 def test_flow_writes_pass_at_k_per_benchmark_and_k(flow_result, eval_home, tiny_model):
     cfg_k = [1, 4]   # configs/profiles/tiny/evaluate.yaml
     results = Warehouse(eval_home).read("eval_results")
-    expected = sorted(BENCHMARKS + [SYNTHETIC_BENCHMARK] + FAMILIES)   # per family, and pooled
+    expected = sorted(BENCHMARKS + [SYNTHETIC_BENCHMARK, UNTRAINED_BENCHMARK] + FAMILIES + UNTRAINED)
     assert sorted(results.get_column("benchmark").unique().to_list()) == expected
     assert results.height == len(expected) * len(cfg_k)
     assert results.get_column("stage").null_count() == results.height   # a named model, not a stage
@@ -80,22 +82,23 @@ def test_flow_writes_pass_at_k_per_benchmark_and_k(flow_result, eval_home, tiny_
     assert results.get_column("model").unique().to_list() == [str(tiny_model)]
     assert results.get_column("pass_at_k").is_between(0, 1).all()
     items = dict(results.filter(pl.col("k") == 1).select("benchmark", "items").iter_rows())
-    assert items == {**{b: 1 for b in BENCHMARKS}, SYNTHETIC_BENCHMARK: 6, **{f: 2 for f in FAMILIES}}
+    assert items == {**{b: 1 for b in BENCHMARKS}, SYNTHETIC_BENCHMARK: 6, **{f: 2 for f in FAMILIES},
+                     UNTRAINED_BENCHMARK: 32, UNTRAINED[0]: 32}   # per_task_untrained: 32
     # pass@k never decreases with k, item by item and so on average
     wide = results.pivot(on="k", index="benchmark", values="pass_at_k")
     assert (wide.get_column("4") >= wide.get_column("1")).all()
-    assert flow_result["items"] == 10 and flow_result["synthetic_items"] == 6
+    assert flow_result["items"] == 42 and flow_result["synthetic_items"] == 38
 
 
 def test_flow_records_items_and_mlflow_metrics(flow_result, eval_home):
     wh = Warehouse(eval_home)
     per_item = wh.read("eval_items")
-    assert per_item.height == 10 and per_item.get_column("n").unique().to_list() == [4]
+    assert per_item.height == 42 and per_item.get_column("n").unique().to_list() == [4]
     assert (per_item.get_column("correct") <= per_item.get_column("n")).all()
     tracking.configure(home=eval_home)   # artifact listing resolves runs through the global tracking URI
     client = MlflowClient()
     run = client.get_run(flow_result["mlflow_run_id"])
-    for bench in BENCHMARKS + [SYNTHETIC_BENCHMARK] + FAMILIES:
+    for bench in BENCHMARKS + [SYNTHETIC_BENCHMARK, UNTRAINED_BENCHMARK] + FAMILIES + UNTRAINED:
         assert f"eval.{bench}.pass_at_1" in run.data.metrics
         assert run.data.metrics[f"eval.{bench}.items"] >= 1
     assert run.data.tags["posttrain.model_source"] == "argument"

@@ -136,6 +136,18 @@ def test_default_run_reports_and_tracks_the_ladder(default_run):
     note = parent.data.tags["mlflow.note.content"]
     assert note.startswith("Prefect flow run") and "Training helped" in note and "| benchmark |" in note
     assert html.count("data:image/png;base64") >= 2
+    # paired intervals of what each stage changed, in MLflow and the report; the never-trained
+    # family scored apart; a stage that trained nothing named with its reason
+    from tasks.evaluate import SYNTHETIC_BENCHMARK, UNTRAINED_BENCHMARK
+    assert f"{UNTRAINED_BENCHMARK}/rg:gcd" in res["evaluate"]["ladder"]
+    pooled = [iv for iv in res["evaluate"]["intervals"] if iv["benchmark"] == SYNTHETIC_BENCHMARK]
+    assert {(iv["a"], iv["b"]) for iv in pooled} >= {("base", "rl"), ("sft_long", "rl")}
+    assert all(iv["lo"] <= iv["diff"] <= iv["hi"] for iv in pooled)
+    assert f"eval.delta.rl_vs_sft_long.{SYNTHETIC_BENCHMARK}.lo" in metrics
+    assert "paired 95% intervals" in html and "never-trained famil" in html
+    from flows.pipeline import idle_stages
+    for idle in idle_stages(res):   # each training stage that did nothing, named with its reason
+        assert f"<code>{idle['stage']}</code>: " in html and idle["reason"]
 
 
 @pytest.mark.slow

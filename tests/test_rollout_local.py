@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -178,3 +180,27 @@ def test_shared_prefix_prefill_keeps_logprobs_and_greedy_tokens_exact(backend):
         expected = reference[0, ids["input_ids"].shape[1]:].tolist()
         for completion in per_prompt:
             assert completion.token_ids == expected[: len(completion.token_ids)]
+
+
+def test_a_sequence_with_its_own_stream_samples_the_same_whatever_shares_its_batch(tiny_path, backend):
+    """seed_per_sequence: a prompt's samples do not depend on the batch size, on the other
+    prompts of the call, or on other rows stopping early; the sampled tokens follow each row's
+    own distribution (log-probs as a full forward gives them)."""
+    params = SamplingParams(n=3, max_tokens=12, seed=5, top_p=0.9, seed_per_sequence=True)
+    ids = lambda out: [[c.token_ids for c in per_prompt] for per_prompt in out]
+    together = ids(backend.generate(PROMPTS, params))
+    single = LocalBackend(backend.model, backend.tokenizer, LocalConfig(batch_size=1))
+    assert ids(single.generate(PROMPTS, params)) == together
+    assert ids(backend.generate(PROMPTS[1:2], params)) == together[1:2]
+    # a stop string ends some rows early; the others' tokens are the same as without it
+    stopped = backend.generate(PROMPTS, replace(params, stop=(" ",)))
+    for per_prompt, full in zip(stopped, together):
+        for c, tokens in zip(per_prompt, full):
+            assert tokens[:len(c.token_ids)] == c.token_ids
+    # other seeds differ, and the shared-stream sampler is still the default
+    assert ids(backend.generate(PROMPTS, replace(params, seed=6))) != together
+    assert ids(backend.generate(PROMPTS, replace(params, seed_per_sequence=False))) \
+        != together
+    c = backend.generate(PROMPTS[:1], params)[0][0]
+    expected = teacher_forced_logprobs(backend, PROMPTS[0], c.token_ids, 1.0)
+    assert c.logprobs == pytest.approx(expected, abs=1e-4)

@@ -22,6 +22,12 @@ class SamplingParams:
     repetition_window: int | None = None
     repetition_prob: float = 0.99
     logprobs: bool = True
+    # One random stream per sequence, seeded by (seed, the prompt's ids, the sample's index):
+    # a sequence's tokens then do not depend on what else shares its batch (batch size, chunking,
+    # other rows stopping early), and two models sampled on the same prompt draw the same
+    # uniforms (common random numbers, as a paired comparison of stages wants). False: one
+    # stream for the whole call (what training rollouts have always drawn).
+    seed_per_sequence: bool = False
 
 
 @dataclass

@@ -7,6 +7,7 @@ left-padded prefill over the batch, then one token per step reusing ``past_key_v
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,13 +23,16 @@ from tasks.rollout.repetition import RepetitionTracker
 
 
 def sample_next_token(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator,
+    uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; return (token ids, their log-probs).
 
     The log-prob is taken under the temperature-scaled distribution before top-p
     renormalization, i.e. the behaviour policy an RL importance ratio compares against.
     Temperature 0 means greedy decoding, and the log-prob is then the model's own.
+    ``uniforms``: one U[0, 1) draw per row (each row's own stream), turned into its token by the
+    inverse of the row's CDF; else ``generator`` draws for the whole batch.
     """
     logits = logits.float()
     if temperature == 0:
@@ -37,16 +41,39 @@ def sample_next_token(
         return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
     logprobs = torch.log_softmax(logits / temperature, dim=-1)
     if top_p >= 1.0:
-        tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
+        if uniforms is not None:
+            tokens = _inverse_cdf(logprobs.exp(), uniforms)
+        else:
+            tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
         return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
     top_probs, top_ids = _nucleus_candidates(logprobs, top_p)
     # Drop a token once the mass strictly before it already reaches top_p; the most
     # likely token is always kept.
     mass_before = top_probs.cumsum(dim=-1) - top_probs
     top_probs = top_probs.masked_fill(mass_before >= top_p, 0.0)
-    picked = torch.multinomial(top_probs, 1, generator=generator)
+    if uniforms is not None:
+        picked = _inverse_cdf(top_probs, uniforms)[:, None]
+    else:
+        picked = torch.multinomial(top_probs, 1, generator=generator)
     tokens = top_ids.gather(-1, picked).squeeze(-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row, the first index whose cumulative weight exceeds ``u`` times the row's total (a
+    zero-weight index is never picked)."""
+    cdf = weights.double().cumsum(dim=-1)
+    target = uniforms.double()[:, None] * cdf[:, -1:]
+    picked = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return picked.clamp(max=weights.shape[-1] - 1)
+
+
+def sequence_seed(seed: int, prompt_ids: list[int], index: int) -> int:
+    """The seed of one sequence's random stream: the call's seed, the prompt's ids, the sample's
+    index among the prompt's ``n``."""
+    h = hashlib.blake2b(f"{seed}|{index}|".encode() + torch.tensor(prompt_ids, dtype=torch.int64).numpy().tobytes(),
+                        digest_size=8)
+    return int.from_bytes(h.digest(), "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
 _NUCLEUS_FIRST_K = 1024
@@ -96,6 +123,7 @@ def _is_plain_kv_cache(past) -> bool:
 class _Sequence:
     prompt_index: int
     prompt_ids: list[int]
+    sample_index: int = 0
 
 
 @dataclass(frozen=True)
@@ -154,9 +182,9 @@ class LocalBackend:
         """``generate`` from prompts given as token ids: multi-turn rollouts extend the ids they
         sampled instead of re-encoding a rendered history (token exactness)."""
         sequences = [
-            _Sequence(i, list(ids))
+            _Sequence(i, list(ids), j)
             for i, ids in enumerate(prompt_ids)
-            for _ in range(params.n)
+            for j in range(params.n)
         ]
         # Similar lengths share a batch so left padding wastes little compute.
         order = sorted(range(len(sequences)), key=lambda s: -len(sequences[s].prompt_ids))
@@ -165,7 +193,11 @@ class LocalBackend:
         batch_size = self.config.batch_size if switch is None else max(1, len(order))
         for start in range(0, len(order), batch_size):
             batch = order[start : start + batch_size]
-            completions = self._sample_batch([sequences[s].prompt_ids for s in batch], params, generator, switch)
+            streams = ([torch.Generator(device="cpu").manual_seed(
+                sequence_seed(params.seed, sequences[s].prompt_ids, sequences[s].sample_index)) for s in batch]
+                if params.seed_per_sequence else None)
+            completions = self._sample_batch([sequences[s].prompt_ids for s in batch], params, generator, switch,
+                                             streams)
             for s, completion in zip(batch, completions):
                 results[s] = completion
         grouped: list[list[Completion]] = [[] for _ in prompt_ids]
@@ -277,8 +309,9 @@ class LocalBackend:
     @torch.inference_mode()
     def _sample_batch(
         self, prompt_ids: list[list[int]], params: SamplingParams, generator: torch.Generator,
-        switch: WeightSwitch | None = None,
+        switch: WeightSwitch | None = None, streams: list[torch.Generator] | None = None,
     ) -> list[Completion]:
+        """``streams``: each row's own random stream (``SamplingParams.seed_per_sequence``)."""
         device, batch = self.device, len(prompt_ids)
         logits, past, attention_mask, next_position = self._prefill(prompt_ids)
 
@@ -296,7 +329,12 @@ class LocalBackend:
         can_compact = hasattr(past, "batch_select_indices")
         active = torch.ones(batch, dtype=torch.bool, device=device)
         for step in range(max_new):
-            tokens, logprobs = sample_next_token(logits, params.temperature, params.top_p, generator)
+            uniforms = None
+            if streams is not None and params.temperature != 0:
+                # every slot of the batch draws from its own row's stream (a finished row kept in
+                # a cache that cannot drop rows draws too, and its token is ignored)
+                uniforms = torch.cat([torch.rand(1, generator=streams[row]) for row in alive.tolist()]).to(device)
+            tokens, logprobs = sample_next_token(logits, params.temperature, params.top_p, generator, uniforms)
             rows = alive[active]
             out_tokens[rows, step] = tokens[active]
             out_logprobs[rows, step] = logprobs[active]
