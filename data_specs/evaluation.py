@@ -17,7 +17,8 @@ EVAL_RESULTS = register(TableSpec(
     columns=[
         Column("model", pl.Utf8, required=True, description="model id (models.model_id, or the path given)"),
         Column("model_path", pl.Utf8, description="checkpoint directory or alias that was loaded"),
-        Column("stage", pl.Utf8, description="training stage that produced the model (base = before training); "
+        Column("stage", pl.Utf8, description="training stage that produced the model (base = before training; "
+                                              "<stage>_seed<k>: a seed sweep's model of that stage); "
                                               "empty for a model named on the command line"),
         Column("benchmark", pl.Utf8, required=True),
         Column("n", pl.Int64, required=True, check=lambda c: c >= 1, check_reason="n_below_1",
@@ -44,7 +45,8 @@ EVAL_ITEMS = register(TableSpec(
                 "what the paired intervals of stage-vs-stage differences resample.",
     columns=[
         Column("model", pl.Utf8, required=True),
-        Column("stage", pl.Utf8, description="training stage that produced the model (base = before training); "
+        Column("stage", pl.Utf8, description="training stage that produced the model (base = before training; "
+                                              "<stage>_seed<k>: a seed sweep's model of that stage); "
                                               "empty for a model named on the command line"),
         Column("benchmark", pl.Utf8, required=True),
         Column("item_id", pl.Utf8, required=True),

@@ -291,6 +291,64 @@ def evaluate(
 
 
 @app.command()
+def sweep(
+    stage: str = typer.Option("rl", "--stage", help="the training stage to train again"),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="how many seeds"),
+    first_seed: int | None = typer.Option(None, "--first-seed", help="default: the run's own seed + 1"),
+    against: str | None = typer.Option(None, "--against", help="the stage to measure from (default: the "
+                                       "last SFT stage for rl, else the ladder rung before)"),
+    accept_failed_audit: bool = AcceptFailedAuditOpt,
+    profile: str = ProfileOpt, home: str | None = HomeOpt,
+):
+    """Train one stage of the newest finished run again with other seeds; score each seed on the
+    held-out items against the stage it is measured from (mean +- sd across seeds).
+
+    Each seed starts from the model and data the run's stage started from, with the run's own
+    settings but for the seed; every seed is an MLflow run `posttrain compare` puts side by side."""
+    _known_stages([stage], STAGE_NAMES)
+    from flows.sweep import sweep_flow
+    with _stage_progress():
+        res = sweep_flow(profile=profile, home=home, stage=stage, seeds=seeds, first_seed=first_seed,
+                         against=against, accept_failed_audit=accept_failed_audit)
+    _print_sweep(res)
+
+
+def _print_sweep(res: dict) -> None:
+    from tasks.evaluate import UNTRAINED_BENCHMARK
+    from tasks.heldout_stats import VERDICT_STYLE, Interval, verdict_word
+
+    stage, against = res["stage"], res["against"]
+    t = Table(title=f"{stage} of run {res['run_name']} with {len(res['seeds'])} seed(s) ({res['settings']} settings): "
+                    f"held-out pass@1, {stage} - {against} [paired 95% interval]")
+    for col in ("seed", "steps", "seconds", "MLflow run"):
+        t.add_column(col, justify="right" if col in ("steps", "seconds") else "left", no_wrap=True)
+    for bench in res["pooled"]:
+        name = "never trained" if bench == UNTRAINED_BENCHMARK else "trained families"
+        t.add_column(f"{name}: {against} -> {stage}", justify="right")
+    for s in res["seeds"]:
+        cells = []
+        for bench in res["pooled"]:
+            b = s["benchmarks"].get(bench)
+            if b is None:
+                cells.append("")
+                continue
+            style = VERDICT_STYLE[verdict_word(Interval(bench, against, stage, b["diff"], b["lo"], b["hi"], b["items"]))]
+            cells.append(f"{b[against]:.2f} -> {b[stage]:.2f}  [{style}]{b['diff']:+.2f} "
+                         f"[{b['lo']:+.2f}, {b['hi']:+.2f}][/{style}]")
+        t.add_row(str(s["seed"]), str(s["steps"]), f"{s['seconds'] or 0:.0f}" + (" (reused)" if s["skipped"] else ""),
+                  s["mlflow_run_id"], *cells)
+    console.print(t)
+    for bench in res["pooled"]:
+        st = res["summary"][bench]
+        console.print(f"[bold]{bench}: {stage} - {against} over {st['seeds']:.0f} seeds: {st['mean']:+.3f} +- "
+                      f"{st['sd']:.3f} (sd), range [{st['min']:+.3f}, {st['max']:+.3f}], {st['positive']:.0f} of "
+                      f"{st['seeds']:.0f} above 0[/bold]", soft_wrap=True, highlight=False)
+    console.print(f"sweep MLflow run {res['mlflow_run_id']}; compare two seeds with `posttrain compare "
+                  f"{res['seeds'][0]['mlflow_run_id']} {res['seeds'][-1]['mlflow_run_id']}`", soft_wrap=True,
+                  highlight=False)
+
+
+@app.command()
 def audit(profile: str = ProfileOpt, home: str | None = HomeOpt):
     """Prove from the warehouse that training saw only what curation and difficulty chose."""
     from flows.audit import audit_flow
@@ -454,15 +512,14 @@ def run(profile: str = ProfileOpt, stage: list[str] = typer.Option([], "--stage"
     _print_summary(res, time.time() - t0, home)
 
 
-def _print_ladder(ladder: dict, intervals: list[dict] | None = None) -> None:
+def _print_ladder(ladder: dict, ivs: list) -> None:
     """Held-out pass@1 after each training stage: the table that shows whether training worked,
     with RL - SFT and last - first as paired 95% intervals (bootstrap over the same items)."""
     from data_specs.stages import last_of
     from tasks.evaluate import HELDOUT_GROUPS, UNTRAINED_BENCHMARK, heldout_group, ladder_order
-    from tasks.heldout_stats import Interval, find_interval
+    from tasks.heldout_stats import VERDICT_STYLE, find_interval, verdict_word
 
     stages = list(dict.fromkeys(s for v in ladder.values() for s in v))
-    ivs = [Interval.from_dict(d) for d in intervals or []]
     t = Table(title="held-out pass@1 after each stage (T=1.0, top-p 0.95; synthetic: seeds never trained on; "
                     "[paired 95% interval])")
     t.add_column("benchmark", no_wrap=True)
@@ -482,7 +539,7 @@ def _print_ladder(ladder: dict, intervals: list[dict] | None = None) -> None:
         for a, b in pairs:
             iv = find_interval(ivs, bench, a, b)
             if iv is not None:
-                style = "green" if iv.lo > 0 else "red" if iv.hi < 0 else "dim"
+                style = VERDICT_STYLE[verdict_word(iv)]
                 cells.append(f"[{style}]{iv.diff:+.2f} [{iv.lo:+.2f}, {iv.hi:+.2f}][/{style}]")
             else:
                 cells.append(f"{by_stage[b] - by_stage[a]:+.2f}" if a in by_stage and b in by_stage else "")
@@ -510,6 +567,7 @@ def _print_judge(references: dict) -> None:
 
 
 def _print_summary(res: dict, elapsed: float, home: str | None) -> None:
+    from tasks.heldout_stats import intervals_of
     from warehouse import Warehouse
     wh = Warehouse(home)
     console.rule("[bold]posttrain run summary")
@@ -523,20 +581,19 @@ def _print_summary(res: dict, elapsed: float, home: str | None) -> None:
     if isinstance(res.get("references"), dict):
         _print_judge(res["references"])
     if "evaluate" in res and res["evaluate"].get("ladder"):
-        _print_ladder(res["evaluate"]["ladder"], res["evaluate"].get("intervals"))
+        _print_ladder(res["evaluate"]["ladder"], intervals_of(res["evaluate"]))
     elif "evaluate" in res and res["evaluate"].get("pass_at_k"):
         _print_counts(res["evaluate"]["pass_at_k"], title=f"eval pass@k ({res['evaluate'].get('model')})")
     if "audit" in res and isinstance(res["audit"], dict) and "checks" in res["audit"]:
         _print_audit(res["audit"])
     from flows.pipeline import idle_lines, idle_stages
     from tasks.evaluate import ladder_verdict
-    from tasks.heldout_stats import Interval
     for line in idle_lines(idle_stages(res)):
         console.print(f"[yellow]did nothing[/yellow] {line}", soft_wrap=True, highlight=False)
     audit = res.get("audit") if isinstance(res.get("audit"), dict) else {}
     evaluated = res.get("evaluate") or {}
     verdict = ladder_verdict(evaluated.get("ladder") or {}, audit.get("passed"),
-                             [Interval.from_dict(d) for d in evaluated.get("intervals") or []])
+                             intervals_of(evaluated))
     if verdict:   # the one line a user reads first, last on the screen
         console.print(f"[bold]{verdict}[/bold]", soft_wrap=True, highlight=False)
     console.print(f"pipeline MLflow run: {res.get('mlflow_run_id')}   wall time {elapsed:.0f}s")
@@ -654,6 +711,21 @@ def _command_name() -> str | None:
     return next((a for a in sys.argv[1:] if not a.startswith("-")), None)
 
 
+def _kill_temporary_prefect_servers() -> None:
+    """SIGKILL the temporary Prefect API servers this process started: ``os._exit`` skips the
+    exit handler that would stop them, and they would outlive the command."""
+    server_mod = sys.modules.get("prefect.server.api.server")
+    if server_mod is None:
+        return
+    for server in list(getattr(server_mod.SubprocessASGIServer, "_instances", {}).values()):
+        proc = getattr(server, "server_process", None)
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.kill()
+            except OSError:
+                pass
+
+
 def _exit_by_deadline(code: int, seconds: float) -> None:
     """Start (once) a daemon thread that kills what remains of the run and exits ``code``."""
     if _deadline_armed.is_set():
@@ -663,6 +735,7 @@ def _exit_by_deadline(code: int, seconds: float) -> None:
     def expire() -> None:
         time.sleep(seconds)
         child_procs.terminate_children(signal.SIGKILL)
+        _kill_temporary_prefect_servers()
         os.write(2, f"posttrain: still running {seconds:.0f} s after SIGTERM; exiting\n".encode())
         os._exit(code)
 
@@ -686,7 +759,7 @@ def _on_sigterm(signum, frame) -> None:
 
 
 # the commands that run a Prefect flow
-_FLOW_COMMANDS = {"ingest", "curate", "synthesize", "difficulty", "samples", "references", "train", "evaluate",
+_FLOW_COMMANDS = {"ingest", "curate", "synthesize", "difficulty", "samples", "references", "train", "evaluate", "sweep",
                   "audit", "run"}
 
 

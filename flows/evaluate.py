@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import polars as pl
 from prefect import flow, task
@@ -33,6 +34,7 @@ from tasks.evaluate import (
     training_instance_ids,
 )
 from tasks.heldout_stats import interval_metrics
+from tasks.model_registry import audited_row
 from tasks.rollout.base import RolloutBackend
 from tasks.rollout.config import RolloutConfig
 from tasks.rollout.factory import make_backend
@@ -57,8 +59,17 @@ def _backend_for(rollout: RolloutConfig, model: ModelChoice) -> RolloutBackend:
 
 
 def _models_to_evaluate(wh, cfg: EvaluateConfig, model: str | None, accept_failed_audit: bool,
-                        sources: dict[str, TableRef] | None) -> list[ModelChoice]:
-    """The named model, else the newest run's stage ladder (base -> ... -> rl)."""
+                        sources: dict[str, TableRef] | None,
+                        models: dict[str, str] | None = None) -> list[ModelChoice]:
+    """``models`` (label -> alias or path, in order), else the named model, else the newest run's
+    stage ladder (base -> ... -> rl)."""
+    if models:
+        out = []
+        for label, path in models.items():
+            choice = choose_model(wh, path, accept_failed_audit)
+            row = audited_row(wh, choice.path)   # a registered model goes by its id
+            out.append(replace(choice, stage=label, **({"model_id": row["model_id"]} if row else {})))
+        return out
     if model or not cfg.stages:
         return [choose_model(wh, model, accept_failed_audit, sources)]
     return stage_ladder(wh, cfg.stages, accept_failed_audit, sources)
@@ -67,7 +78,8 @@ def _models_to_evaluate(wh, cfg: EvaluateConfig, model: str | None, accept_faile
 @flow(name="evaluate", log_prints=True, flow_run_name="evaluate")
 def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | None = None,
                   benchmarks: list[str] | None = None, max_items: int | None = None,
-                  accept_failed_audit: bool = False, sources: dict[str, TableRef] | None = None) -> dict:
+                  accept_failed_audit: bool = False, sources: dict[str, TableRef] | None = None,
+                  models: dict[str, str] | None = None, pairs: list[tuple[str, str]] | None = None) -> dict:
     """pass@k at the profile's temperature / top-p (M1: 1.0 / 0.95) into ``eval_results``.
 
     ``model``: an alias or checkpoint path; by default every model of the newest training
@@ -76,18 +88,21 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
     model whose training-data audit failed is refused unless ``accept_failed_audit``.
     ``sources``: the snapshots to read (the pipeline hands over what its stages wrote: the
     ``models`` rows of this run, the benchmarks and training tables); else each table's newest.
+    ``models``: label -> alias or path, scored in that order under those labels instead (a seed
+    sweep: the stage it is compared to, then each seed's model); ``pairs``: the (a, b) differences
+    b - a to give intervals for (default: those a ladder asks for).
     """
     log = flow_logger()
     report_progress("evaluate", "start")
     params = {"model": model, "benchmarks": benchmarks, "max_items": max_items,
-              "accept_failed_audit": accept_failed_audit}
+              "accept_failed_audit": accept_failed_audit, **({"models": models} if models else {})}
     with flow_context("evaluate", profile, home, params, sections=("evaluate", "rollout")) as ctx:
         overrides = {k: v for k, v in {"benchmarks": benchmarks, "max_items": max_items}.items() if v is not None}
         cfg = EvaluateConfig.model_validate({**ctx.profile.section("evaluate", EvaluateConfig).model_dump(),
                                              **overrides})
         rollout = ctx.profile.section("rollout", RolloutConfig)
         wh = ctx.wh
-        chosen = _models_to_evaluate(wh, cfg, model, accept_failed_audit, sources)
+        chosen = _models_to_evaluate(wh, cfg, model, accept_failed_audit, sources, models)
         final = chosen[-1]
         tracking.set_tags({"posttrain.model": final.model_id, "posttrain.model_path": final.path,
                            "posttrain.model_source": final.source,
@@ -116,9 +131,12 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
         summaries, per_item, metrics, errors, results_by_stage = [], [], {}, 0, {}
         for choice in chosen:
             backend = _backend_for(rollout, choice)
-            log.info("evaluating %s (%s) on %d items, n=%d, temperature=%s, top_p=%s",
-                     choice.model_id, choice.stage or choice.source, len(items), cfg.n, cfg.temperature, cfg.top_p)
-            results = evaluate_items_task(items, backend, cfg) if items else []
+            scored = [it for it in items if cfg.scores_at(it, choice.stage)]
+            log.info("evaluating %s (%s) on %d items%s, n=%d, temperature=%s, top_p=%s", choice.model_id,
+                     choice.stage or choice.source, len(scored),
+                     f" (public benchmarks only at {cfg.benchmark_stages})" if len(scored) < len(items) else "",
+                     cfg.n, cfg.temperature, cfg.top_p)
+            results = evaluate_items_task(scored, backend, cfg) if scored else []
             if cfg.agent is not None and cfg.agent.environments:
                 log.info("evaluating %s on %d held-out seeds of %s (n=%d)", choice.model_id, cfg.agent.seeds,
                          ", ".join(e.name for e in cfg.agent.environments), cfg.agent.n)
@@ -146,7 +164,7 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
         tracking.log_figure(pass_at_k_figure(final_summary, f"held-out pass@k: {final.model_id}"),
                             "plots/eval_pass_at_k.png")
         ladder = ladder_table(summary)
-        intervals = ladder_intervals(results_by_stage, cfg.seed) if len(results_by_stage) > 1 else []
+        intervals = ladder_intervals(results_by_stage, cfg.seed, pairs) if len(results_by_stage) > 1 else []
         if intervals:
             tracking.log_counters(interval_metrics(intervals), prefix="eval")
             tracking.log_dict([iv.as_dict() for iv in intervals], "eval/intervals.json")

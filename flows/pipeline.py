@@ -562,12 +562,12 @@ def run_summary_markdown(results: dict[str, Any]) -> str:
     """What the Prefect flow run shows on its Artifacts tab: where the run lives in MLflow,
     the report, and the held-out table when the run evaluated."""
     from tasks.evaluate import ladder_order, ladder_verdict
-    from tasks.heldout_stats import Interval, interval_table
+    from tasks.heldout_stats import interval_table, intervals_of
     from tasks.synthesize import band_levels
 
     audit = results.get("audit")
     ladder = (results.get("evaluate") or {}).get("ladder") or {}
-    intervals = [Interval.from_dict(d) for d in (results.get("evaluate") or {}).get("intervals") or []]
+    intervals = intervals_of(results.get("evaluate"))
     verdict = ladder_verdict(ladder, audit.get("passed") if isinstance(audit, dict) else None, intervals)
     lines = ["# posttrain run", "", *([f"**{verdict}**", ""] if verdict else []),
              f"- MLflow run: `{results['mlflow_run_id']}` (tracking store `{tracking.mlflow.get_tracking_uri()}`)",

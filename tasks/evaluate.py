@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from data_specs.stages import last_of, phase_ends
 from tasks.agents.evaluate import AgentHeldout, evaluate_agent
-from tasks.model_registry import audited_row, read_models, refuse_failed_audit
+from tasks.model_registry import audited_row, pipeline_models, read_models, refuse_failed_audit
 from tasks.passk import pass_at_k
 from tasks.rollout.base import RolloutBackend, SamplingParams
 from tasks.rollout.factory import resolve_model
@@ -72,6 +72,10 @@ class EvaluateConfig(VerifySettings):
     stages: list[str] = Field(default_factory=lambda: list(LADDER))
 
     benchmarks: list[str] = Field(default_factory=lambda: ["aime2024", "aime2025", "math500", "humaneval"])
+    benchmark_stages: list[str] | None = Field(
+        None, description="the ladder stages the public benchmarks are scored at (None: every stage); held-out "
+                          "synthetic families are scored at every stage. For a small model that scores 0 on "
+                          "them throughout, [base, rl] keeps the first-vs-last check at half the cost")
     max_items: int | None = Field(None, ge=1, description="items per benchmark; None = all")
     max_items_per_benchmark: dict[str, int] = Field(default_factory=dict)
     n: int = Field(32, ge=1, description="samples per item (M1 averages pass@1 over 32 samples)")
@@ -96,6 +100,19 @@ class EvaluateConfig(VerifySettings):
         if bad:
             raise ValueError(f"every k must be in 1..n={self.n}; got {bad}")
         return self
+
+    @model_validator(mode="after")
+    def _benchmark_stages_are_ladder_stages(self) -> EvaluateConfig:
+        unknown = [st for st in self.benchmark_stages or [] if st not in self.stages]
+        if unknown:
+            raise ValueError(f"evaluate.benchmark_stages {unknown} are not among evaluate.stages {self.stages}")
+        return self
+
+    def scores_at(self, item: EvalItem, stage: str | None) -> bool:
+        """Whether ``item`` is scored for the model of ``stage`` (a model named by hand: every item)."""
+        if self.benchmark_stages is None or stage is None or heldout_group(item.benchmark) is not None:
+            return True
+        return stage in self.benchmark_stages
 
     def items_limit(self, benchmark: str) -> int | None:
         return self.max_items_per_benchmark.get(benchmark, self.max_items)
@@ -131,7 +148,7 @@ def choose_model(wh: Warehouse, model: str | None = None, accept_failed_audit: b
         if row is not None:
             refuse_failed_audit(row, accept_failed_audit)
         return ModelChoice(model_id=model, path=path, source="argument")
-    models = read_models(wh, sources)
+    models = pipeline_models(read_models(wh, sources))
     if models.is_empty():
         raise LookupError(
             f"no model to evaluate: the {MODELS_TABLE!r} table in {wh.home} is empty or missing and no "
@@ -153,7 +170,7 @@ def stage_ladder(wh: Warehouse, stages: list[str], accept_failed_audit: bool = F
     ``models`` snapshot handed over in ``sources`` (else the newest); a model whose training-data
     audit failed is refused unless accepted."""
     newest = choose_model(wh, accept_failed_audit=accept_failed_audit, sources=sources)
-    models = read_models(wh, sources)
+    models = pipeline_models(read_models(wh, sources))
     run = models.filter(pl.col("model_id") == newest.model_id)["run_name"][-1]
     rows = models.filter(pl.col("run_name") == run)
     out = []
@@ -386,10 +403,12 @@ def item_rows(results: list[ItemResult], model: ModelChoice, run_id: str | None)
     return spec.conform(pl.DataFrame(rows, infer_schema_length=None)) if rows else spec.empty()
 
 
-def ladder_intervals(results_by_stage: Mapping[str, list[ItemResult]], seed: int = 0) -> list:
+def ladder_intervals(results_by_stage: Mapping[str, list[ItemResult]], seed: int = 0,
+                     pairs: list[tuple[str, str]] | None = None) -> list:
     """Paired 95% intervals (``tasks.heldout_stats``) of every stage-vs-stage difference the
-    ladder asks for, per held-out family and per pooled group (trained / never trained): the
-    same items and sampling seed on both sides, bootstrapped over items."""
+    ladder asks for (or of ``pairs``, (a, b) for b - a), per held-out family and per pooled group
+    (trained / never trained): the same items and sampling seed on both sides, bootstrapped over
+    items."""
     from tasks.heldout_stats import stage_intervals
 
     scores = {stage: {(r.item.benchmark, r.item.item_id): r.correct / r.n for r in rs if r.n}
@@ -401,7 +420,7 @@ def ladder_intervals(results_by_stage: Mapping[str, list[ItemResult]], seed: int
         groups.update({b: [b] for b in members})
         if members:
             groups[group] = members
-    return stage_intervals(scores, groups, seed=seed)
+    return stage_intervals(scores, groups, pairs=pairs, seed=seed)
 
 
 def pass_at_k_metrics(summary: pl.DataFrame, stage: str | None = None) -> dict[str, float]:

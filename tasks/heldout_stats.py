@@ -113,6 +113,11 @@ def stage_intervals(scores: ItemScores, groups: Mapping[str, Iterable[str]],
     return out
 
 
+def intervals_of(evaluated: dict | None) -> list[Interval]:
+    """The intervals an evaluate result carries (as dicts: it crossed a flow's return value)."""
+    return [Interval.from_dict(d) for d in (evaluated or {}).get("intervals") or []]
+
+
 def find_interval(intervals: Iterable[Interval], benchmark: str, a: str, b: str) -> Interval | None:
     return next((iv for iv in intervals if (iv.benchmark, iv.a, iv.b) == (benchmark, a, b)), None)
 
@@ -140,6 +145,9 @@ def key_pairs(intervals: Iterable[Interval]) -> set[tuple[str, str]]:
 
 def verdict_word(iv: Interval) -> str:
     return "within noise" if iv.within_noise else ("gain" if iv.lo > 0 else "FALL")
+
+
+VERDICT_STYLE = {"gain": "green", "FALL": "red", "within noise": "dim"}   # rich styles, by verdict_word
 
 
 def interval_table(intervals: Iterable[Interval], order: list[str], pooled: Iterable[str] = ()) -> list[dict]:

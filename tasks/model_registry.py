@@ -4,12 +4,33 @@ model whose training-data audit failed. Below the stages that name models (train
 the GenRM judge, the audit), so none of them reaches into another."""
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import polars as pl
 
 from data_specs.stages import earlier_stages, first_of
 from warehouse import TableRef, Warehouse
+
+# A seed sweep's models (``posttrain sweep``) are registered under ``<run>~seed<k>``: they stand
+# beside the run they were swept from and never become its newest model, the model a stage name
+# means, or the ladder evaluate scores.
+SWEEP_MARK = "~seed"
+
+
+def sweep_run_name(run_name: str, seed: int) -> str:
+    return f"{run_name}{SWEEP_MARK}{seed}"
+
+
+def is_sweep_run(run_name: str | None) -> bool:
+    return bool(run_name) and re.search(rf"{re.escape(SWEEP_MARK)}\d+$", run_name) is not None
+
+
+def pipeline_models(models: pl.DataFrame) -> pl.DataFrame:
+    """The rows of ``models`` a training run (not a seed sweep) registered."""
+    if models.is_empty():
+        return models
+    return models.filter(~pl.col("run_name").map_elements(is_sweep_run, return_dtype=pl.Boolean))
 
 
 def read_models(wh: Warehouse, sources: Mapping[str, TableRef] | None = None) -> pl.DataFrame:
@@ -52,7 +73,7 @@ def stage_model(wh: Warehouse, stage: str, accept_failed_audit: bool = False,
     """The newest model a training stage produced in this home (``model: judge`` in a profile), as
     of the ``models`` snapshot handed over in ``sources`` (else the newest); refused when its audit
     failed, unless accepted."""
-    models = read_models(wh, sources).filter(pl.col("stage") == stage)
+    models = pipeline_models(read_models(wh, sources)).filter(pl.col("stage") == stage)
     if models.is_empty():
         raise LookupError(f"model {stage!r}: the `models` table of {wh.home} has no model of stage {stage!r}; "
                           f"train it first (`posttrain train --stage {stage}`) or name a model")
@@ -66,7 +87,7 @@ def rl_start_model(wh: Warehouse, accept_failed_audit: bool = False,
     (as of the ``models`` snapshot handed over in ``sources``, else the newest); refused when its
     audit failed, unless accepted."""
     before_rl = earlier_stages(first_of("rl"))
-    models = read_models(wh, sources).filter(pl.col("stage").is_in(before_rl))
+    models = pipeline_models(read_models(wh, sources)).filter(pl.col("stage").is_in(before_rl))
     if models.is_empty():
         raise LookupError(f"model {POLICY_MODEL!r}: no trained pre-RL stage in the `models` table of {wh.home}; "
                           "run the SFT/DPO stages first or name a model")

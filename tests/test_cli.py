@@ -135,3 +135,24 @@ def test_gc(cli_home):
 def test_synthesize_command(tmp_path):
     out = cli("synthesize", "--per-task", "2", "--task", "game_of_24", "--task", "sudoku", home=tmp_path / "new").stdout
     assert "4 instances over 2 tasks" in out
+
+
+def test_the_term_deadline_kills_the_temporary_prefect_server_os_exit_would_leave(monkeypatch):
+    """After SIGTERM a command that will not stop is ended by ``os._exit``, which skips Prefect's
+    exit handler for its temporary API server; the deadline kills that server first. A real
+    ``SubprocessASGIServer`` whose process is a stand-in (a ``sleep``: the uvicorn server itself
+    takes ~30 s to start on 2 cores)."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    from flows.cli import _kill_temporary_prefect_servers
+
+    # a registry of its own: this test session's real temporary server must live on
+    monkeypatch.setattr(SubprocessASGIServer, "_instances", {})
+    server = SubprocessASGIServer(port=1)   # a port no one binds: only the registry entry is used
+    server.server_process = subprocess.Popen(["sleep", "120"])
+    try:
+        _kill_temporary_prefect_servers()
+        assert server.server_process.wait(timeout=10) == -9
+    finally:
+        if server.server_process.poll() is None:
+            server.server_process.kill()

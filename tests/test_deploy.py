@@ -23,7 +23,7 @@ from flows.deploy import (
 )
 from warehouse import Warehouse
 
-STAGE_FLOWS = ["ingest", "curate", "synthesize", "difficulty", "references", "train", "evaluate"]
+STAGE_FLOWS = ["ingest", "curate", "synthesize", "difficulty", "references", "train", "evaluate", "sweep"]
 SAMPLE_JOBS = {"samples-teacher": "teacher", "samples-on-policy": "on_policy"}
 
 

@@ -235,3 +235,18 @@ def test_stage_ladder_is_the_newest_runs_models_from_base_to_rl(tmp_path, tiny_m
     summary = pl.DataFrame([{"benchmark": "b", "k": 1, "stage": c.stage, "pass_at_k": i / 10}
                             for i, c in enumerate(ladder)])
     assert ladder_table(summary) == {"b": {"base": 0.0, "sft_long": 0.1, "dpo_long": 0.2, "rl": 0.3}}
+
+
+def test_benchmark_stages_scores_public_benchmarks_only_there_and_held_out_families_everywhere():
+    from tasks.evaluate import SYNTHETIC_BENCHMARK, UNTRAINED_BENCHMARK, EvalItem, EvaluateConfig
+
+    cfg = EvaluateConfig(stages=["base", "sft_long", "rl"], benchmark_stages=["base", "rl"], n=2)
+    public = EvalItem("math500", "m1", "math", {})
+    trained = EvalItem(f"{SYNTHETIC_BENCHMARK}/rg:chain_sum", "s1", "math", {})
+    never = EvalItem(f"{UNTRAINED_BENCHMARK}/rg:gcd", "u1", "math", {})
+    assert [cfg.scores_at(public, st) for st in ("base", "sft_long", "rl")] == [True, False, True]
+    assert all(cfg.scores_at(it, st) for it in (trained, never) for st in ("base", "sft_long", "rl"))
+    assert cfg.scores_at(public, None)   # a model named by hand: every item
+    assert all(EvaluateConfig(n=2).scores_at(public, st) for st in ("base", "sft_long"))   # default: everywhere
+    with pytest.raises(ValueError, match=r"benchmark_stages \['dpo_long'\] are not among"):
+        EvaluateConfig(stages=["base", "rl"], benchmark_stages=["dpo_long"], n=2)

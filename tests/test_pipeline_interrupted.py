@@ -219,3 +219,103 @@ def _difference(name: str, want: pl.DataFrame, got: pl.DataFrame) -> str:
             first = {k: v[:80] if isinstance(v, str) else v for k, v in rows.row(0, named=True).items()}
             out += f"\n  first only {side}: {first}"
     return out
+
+
+def _weights(path: str) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(Path(path).glob("*.safetensors")))
+
+
+def test_a_sweep_trains_rl_again_with_each_seed_from_the_run_s_start_and_scores_each_against_sft(
+        uninterrupted, monkeypatch, capsys):
+    """`posttrain sweep` (issue #46, item 5) on the finished uninterrupted home (after the test
+    above compared its tables): RL trained again with seeds 1 and 2 from the model and data the
+    run's RL started from, each seed's model scored against SFT on the same held-out items, and
+    each seed's figures on its own MLflow run, which `posttrain compare` puts side by side."""
+    from mlflow.tracking import MlflowClient
+
+    from flows.cli import _print_sweep
+    from flows.compare import compare
+    from flows.sweep import sweep_flow
+    from tasks.evaluate import SYNTHETIC_BENCHMARK, UNTRAINED_BENCHMARK, choose_model, stage_ladder
+    from tasks.model_registry import stage_model
+    from tasks.train.harness import StageJob
+    from warehouse import Warehouse
+
+    home = uninterrupted
+    for key, value in {**SMALL_RUN, "POSTTRAIN_HOME": str(home)}.items():
+        monkeypatch.setenv(key, value)
+    wh = Warehouse(home)
+    rl = wh.read("models").filter(pl.col("stage") == "rl").row(-1, named=True)
+    run = rl["run_name"]
+    newest_before, ladder_before = choose_model(wh).model_id, stage_ladder(wh, ["sft_long", "rl"])
+
+    res = sweep_flow(profile="tiny", home=str(home), stage="rl", seeds=2)
+    assert res["against"] == "sft_long" and res["run_name"] == run and res["settings"] == "the run's own"
+    assert [s["seed"] for s in res["seeds"]] == [1, 2]   # the run's own seed (0) + 1 onwards
+
+    # each seed trained RL from the model and data the run's RL started from, with its settings but the seed
+    original = StageJob.load(Path(rl["path"]).parent / "job.json")
+    weights = {_weights(rl["path"])}
+    for s in res["seeds"]:
+        job = StageJob.load(Path(s["path"]).parent / "job.json")
+        assert job.run_name == f"{run}~seed{s['seed']}"
+        assert job.init_model == original.init_model and job.data_ref == original.data_ref
+        assert job.config["seed"] == s["seed"] and {**job.config, "seed": 0} == {**original.config, "seed": 0}
+        assert s["steps"] == rl["steps"] and not s["skipped"]
+        weights.add(_weights(s["path"]))
+    assert len(weights) == 3, "each seed trains other weights"
+
+    # the seeds' models stand beside the run's: never the newest model, a stage name, or the ladder
+    assert {f"{run}~seed{k}/rl" for k in (1, 2)} <= set(wh.read("models")["model_id"])
+    assert choose_model(wh).model_id == newest_before
+    assert stage_model(wh, "rl") == rl["path"]
+    assert stage_ladder(wh, ["sft_long", "rl"]) == ladder_before
+
+    # every seed has its difference over SFT with a paired interval, pooled and per family ...
+    assert set(res["pooled"]) == {SYNTHETIC_BENCHMARK, UNTRAINED_BENCHMARK}
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    sft_scores = set()
+    for s in res["seeds"]:
+        b = s["benchmarks"][SYNTHETIC_BENCHMARK]
+        assert b["lo"] <= b["diff"] <= b["hi"] and b["diff"] == pytest.approx(b["rl"] - b["sft_long"])
+        sft_scores.add(b["sft_long"])
+        assert any(name.startswith(f"{SYNTHETIC_BENCHMARK}/") for name in s["benchmarks"])
+        # ... logged on the seed's own training run under the pipeline's metric names
+        seed_run = client.get_run(s["mlflow_run_id"])
+        assert seed_run.data.params["seed"] == str(s["seed"])
+        assert seed_run.data.tags["posttrain.sweep_seed"] == str(s["seed"])
+        assert seed_run.data.tags["mlflow.parentRunId"] == res["mlflow_run_id"]
+        m = seed_run.data.metrics
+        assert m[f"eval.rl.{SYNTHETIC_BENCHMARK}.pass_at_1"] == pytest.approx(b["rl"])
+        assert m[f"eval.sft_long.{SYNTHETIC_BENCHMARK}.pass_at_1"] == pytest.approx(b["sft_long"])
+        for what in ("diff", "lo", "hi"):
+            assert m[f"eval.delta.rl_vs_sft_long.{SYNTHETIC_BENCHMARK}.{what}"] == pytest.approx(b[what])
+    assert len(sft_scores) == 1, "every seed is measured against the same SFT scores"
+
+    # mean and sample sd across seeds, recomputed here; in the sweep's run with its plot
+    diffs = [s["benchmarks"][SYNTHETIC_BENCHMARK]["diff"] for s in res["seeds"]]
+    summary = res["summary"][SYNTHETIC_BENCHMARK]
+    assert summary["mean"] == pytest.approx(sum(diffs) / 2)
+    assert summary["sd"] == pytest.approx(abs(diffs[0] - diffs[1]) / 2 ** 0.5)
+    assert summary["positive"] == sum(d > 0 for d in diffs) and summary["seeds"] == 2
+    sweep_run = client.get_run(res["mlflow_run_id"])
+    assert sweep_run.data.metrics[f"sweep.{SYNTHETIC_BENCHMARK}.diff.mean"] == pytest.approx(summary["mean"])
+    assert "plots/sweep_seeds.png" in {a.path for a in client.list_artifacts(res["mlflow_run_id"], "plots")}
+    stored = json.loads(Path(client.download_artifacts(res["mlflow_run_id"], "sweep/seeds.json")).read_text())
+    assert [s["seed"] for s in stored["seeds"]] == [1, 2]
+
+    # the evaluate run scored SFT and each seed's model by their model ids
+    evaluated = wh.read("eval_results").filter(pl.col("run_id") == res["evaluate"]["mlflow_run_id"])
+    assert set(evaluated["model"]) == {f"{run}/sft_long", *(f"{run}~seed{k}/rl" for k in (1, 2))}
+
+    # `posttrain compare` of two seeds puts their held-out ladders side by side
+    cmp = compare(res["seeds"][0]["mlflow_run_id"], res["seeds"][1]["mlflow_run_id"], home=str(home),
+                  out_dir=home / "cmp")
+    assert set(cmp.ladder.filter(pl.col("benchmark") == SYNTHETIC_BENCHMARK)["stage"]) == {"sft_long", "rl"}
+
+    # what the CLI prints: a row per seed and the mean +- sd line
+    capsys.readouterr()
+    _print_sweep(res)
+    printed = capsys.readouterr().out
+    assert f"{SYNTHETIC_BENCHMARK}: rl - sft_long over 2 seeds: {summary['mean']:+.3f} +-" in printed
+    assert res["seeds"][0]["mlflow_run_id"] in printed

@@ -39,7 +39,8 @@ def test_train_flow_runs_every_stage_with_child_runs_and_lineage(home, wh, monke
     res = train_flow(profile="tiny", home=str(home))
     stages = ["judge", "sft_short", "sft_long", "dpo_short", "dpo_long", "rl"]
     # the agent stage is optional: this profile names no environment, so it trains nothing
-    assert list(res["stages"]) == [*stages, "agent"] and res["stages"]["agent"] == {"steps": 0, "no_data": True}
+    assert list(res["stages"]) == [*stages, "agent"] and res["stages"]["agent"] == {
+        "steps": 0, "no_data": True, "reason": "no agent_tasks rows: the profile asks for none"}
 
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     parent = client.get_run(res["mlflow_run_id"])
