@@ -137,7 +137,7 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
                      f" (public benchmarks only at {cfg.benchmark_stages})" if len(scored) < len(items) else "",
                      cfg.n, cfg.temperature, cfg.top_p)
             results = evaluate_items_task(scored, backend, cfg) if scored else []
-            if cfg.agent is not None and cfg.agent.environments:
+            if cfg.agent is not None and cfg.agent.environments and cfg.agent.plays_at(choice.stage):
                 log.info("evaluating %s on %d held-out seeds of %s (n=%d)", choice.model_id, cfg.agent.seeds,
                          ", ".join(e.name for e in cfg.agent.environments), cfg.agent.n)
                 results += evaluate_environments(backend, cfg)

@@ -225,6 +225,13 @@ def _output_refs(outputs: str | None) -> dict[str, list[TableRef]]:
             for table, refs in json.loads(outputs or "{}").items()}
 
 
+# Flows that write beside the pipeline rows no pipeline stage takes as input (a seed sweep's
+# models, ``<run>~seed<k>``, its RL rollouts and evaluation): their snapshots are neither new
+# data for the stages that read those tables nor what a reused stage hands over.
+SWEEP_WRITER = "sweep"
+SIDE_WRITERS = frozenset({SWEEP_WRITER})
+
+
 def _snapshot_writers(wh: Warehouse) -> dict[str, str]:
     """name@snapshot -> the pipeline stage that wrote it: as the catalog recorded it when it was
     written (so a stage killed before it recorded its run still owns what it wrote), else as
@@ -261,7 +268,7 @@ def changed_reads(wh: Warehouse, name: str, previous: dict) -> list[str]:
     writers = _snapshot_writers(wh)
 
     def _counts(writer: str | None) -> bool:   # None or a stage no longer declared: outside
-        return writer not in order or writer in earlier
+        return (writer not in order and writer not in SIDE_WRITERS) or writer in earlier
 
     changed = []
     for ref in _input_refs(previous["inputs"]):
@@ -322,7 +329,8 @@ def standing_outputs(wh: Warehouse, previous: dict) -> Refs:
     for name, refs in _output_refs(previous["outputs"]).items():
         if not refs:
             continue
-        outside = [s for s in snapshots_since(wh, name, refs[-1].snapshot) if writers.get(f"{name}@{s}") not in order]
+        outside = [s for s in snapshots_since(wh, name, refs[-1].snapshot)
+                   if writers.get(f"{name}@{s}") not in {*order, *SIDE_WRITERS}]
         out[name] = wh.ref(name, outside[0]) if outside else refs[-1]
     return out
 

@@ -17,6 +17,8 @@ the names the pipeline's evaluate run uses (``eval.<stage>.<benchmark>.pass_at_1
 ``eval.delta.<stage>_vs_<against>.<benchmark>.{diff,lo,hi}``), so ``posttrain compare`` and
 MLflow's compare view put the seeds side by side; the sweep's own run holds the mean and
 standard deviation across seeds (``sweep.<benchmark>.diff.{mean,sd,min,max}``) and a plot.
+What a sweep writes is marked as its own (``SWEEP_WRITER``): a later ``posttrain run`` neither
+redoes a stage for it nor hands it over.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from prefect import flow
 from data_specs.stages import last_of, train_stage
 from flows.common import flow_context, flow_logger, report_progress
 from flows.evaluate import evaluate_flow
+from flows.pipeline import SWEEP_WRITER
 from flows.train import _digest, train_stage_task
 from tasks import tracking
 from tasks.evaluate import HELDOUT_GROUPS, EvaluateConfig, heldout_group
@@ -37,7 +40,7 @@ from tasks.heldout_stats import intervals_of
 from tasks.model_registry import pipeline_models, read_models, refuse_failed_audit, sweep_run_name
 from tasks.train.config import TrainConfig
 from tasks.train.harness import StageJob
-from warehouse import TableRef, Warehouse
+from warehouse import TableRef, Warehouse, recording_writer
 
 
 def default_against(stage: str, ladder: list[str]) -> str:
@@ -151,8 +154,10 @@ def sweep_flow(profile: str = "tiny", home: str | None = None, stage: str = "rl"
     log = flow_logger()
     report_progress("sweep", "start")
     params = {"stage": stage, "seeds": seeds, "first_seed": first_seed, "against": against}
-    with flow_context("sweep", profile, home, params, sections=("train", "model", "evaluate"),
-                      run_name=f"sweep {stage}") as ctx:
+    # what it writes is marked as the sweep's: no pipeline stage takes it for new data
+    with recording_writer(SWEEP_WRITER), flow_context("sweep", profile, home, params,
+                                                      sections=("train", "model", "evaluate"),
+                                                      run_name=f"sweep {stage}") as ctx:
         wh, home_str = ctx.wh, str(ctx.wh.home)
         spec = train_stage(stage)
         if spec.role != "policy" or spec.recipe == "agent":

@@ -103,9 +103,11 @@ class EvaluateConfig(VerifySettings):
 
     @model_validator(mode="after")
     def _benchmark_stages_are_ladder_stages(self) -> EvaluateConfig:
-        unknown = [st for st in self.benchmark_stages or [] if st not in self.stages]
-        if unknown:
-            raise ValueError(f"evaluate.benchmark_stages {unknown} are not among evaluate.stages {self.stages}")
+        for what, named in (("benchmark_stages", self.benchmark_stages),
+                            ("agent.stages", self.agent.stages if self.agent else None)):
+            unknown = [st for st in named or [] if st not in self.stages]
+            if unknown:
+                raise ValueError(f"evaluate.{what} {unknown} are not among evaluate.stages {self.stages}")
         return self
 
     def scores_at(self, item: EvalItem, stage: str | None) -> bool:

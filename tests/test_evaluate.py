@@ -250,3 +250,14 @@ def test_benchmark_stages_scores_public_benchmarks_only_there_and_held_out_famil
     assert all(EvaluateConfig(n=2).scores_at(public, st) for st in ("base", "sft_long"))   # default: everywhere
     with pytest.raises(ValueError, match=r"benchmark_stages \['dpo_long'\] are not among"):
         EvaluateConfig(stages=["base", "rl"], benchmark_stages=["dpo_long"], n=2)
+
+
+def test_agent_stages_name_the_ladder_stages_that_play_the_held_out_episodes():
+    from tasks.evaluate import EvaluateConfig
+
+    agent = {"environments": [{"name": "tool_arithmetic"}], "stages": ["rl", "agent"]}
+    cfg = EvaluateConfig(stages=["base", "sft_long", "rl", "agent"], agent=agent, n=2)
+    assert [cfg.agent.plays_at(st) for st in ("base", "sft_long", "rl", "agent", None)] == [False, False, True,
+                                                                                           True, True]
+    with pytest.raises(ValueError, match=r"agent.stages \['agent'\] are not among"):
+        EvaluateConfig(stages=["base", "rl"], agent=agent, n=2)

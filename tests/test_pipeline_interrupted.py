@@ -271,6 +271,12 @@ def test_a_sweep_trains_rl_again_with_each_seed_from_the_run_s_start_and_scores_
     assert stage_model(wh, "rl") == rl["path"]
     assert stage_ladder(wh, ["sft_long", "rl"]) == ladder_before
 
+    # ... and a later `posttrain run` takes none of what the sweep wrote for new data
+    from flows.pipeline import changed_reads
+    stage_runs = wh.read("stage_runs")
+    for stage in ("rl", "evaluate", "audit"):
+        assert changed_reads(wh, stage, stage_runs.filter(pl.col("stage") == stage).row(-1, named=True)) == []
+
     # every seed has its difference over SFT with a paired interval, pooled and per family ...
     assert set(res["pooled"]) == {SYNTHETIC_BENCHMARK, UNTRAINED_BENCHMARK}
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")

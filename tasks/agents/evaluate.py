@@ -37,6 +37,13 @@ class AgentHeldout(BaseModel):
     max_tokens: int = Field(2048, ge=8)
     keep_thinking: bool = True
     window: int = Field(64, ge=1, description="episodes sampled together")
+    stages: list[str] | None = Field(
+        None, description="the ladder stages whose models play the held-out episodes (None: every stage; a "
+                          "model named by hand always plays). Each stage's episodes cost minutes on a CPU; "
+                          "[rl, agent] measures what the agent stage adds")
+
+    def plays_at(self, stage: str | None) -> bool:
+        return self.stages is None or stage is None or stage in self.stages
 
 
 @dataclass(frozen=True)
