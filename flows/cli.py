@@ -516,12 +516,18 @@ def _print_ladder(ladder: dict, ivs: list) -> None:
     """Held-out pass@1 after each training stage: the table that shows whether training worked,
     with RL - SFT and last - first as paired 95% intervals (bootstrap over the same items)."""
     from data_specs.stages import last_of
-    from tasks.evaluate import HELDOUT_GROUPS, UNTRAINED_BENCHMARK, heldout_group, ladder_order
+    from tasks.evaluate import (
+        HELDOUT_GROUPS,
+        UNTRAINED_BENCHMARK,
+        heldout_group,
+        ladder_order,
+        ladder_stages,
+    )
     from tasks.heldout_stats import VERDICT_STYLE, find_interval, verdict_word
 
-    stages = list(dict.fromkeys(s for v in ladder.values() for s in v))
+    stages = ladder_stages(ladder)
     t = Table(title="held-out pass@1 after each stage (T=1.0, top-p 0.95; synthetic: seeds never trained on; "
-                    "[paired 95% interval])")
+                    "\\[paired 95% interval])")
     t.add_column("benchmark", no_wrap=True)
     for s in stages:
         t.add_column(s, justify="right")

@@ -30,7 +30,7 @@ from mlflow.tracking import MlflowClient
 from data_specs.stages import last_of
 from flows.common import mlflow_run_url
 from tasks import tracking
-from tasks.evaluate import ladder_figure, ladder_order, ladder_verdict
+from tasks.evaluate import ladder_figure, ladder_order, ladder_stages, ladder_verdict
 from tasks.heldout_stats import Interval, interval_table
 from tasks.train.config import STAGE_ORDER
 from warehouse import Warehouse
@@ -198,7 +198,7 @@ def eval_intervals(family: RunFamily) -> list[Interval]:
 
 
 def ladder_frame(ladder: dict[str, dict[str, float]]) -> pl.DataFrame:
-    stages = list(dict.fromkeys(s for v in ladder.values() for s in v))
+    stages = ladder_stages(ladder)
     rows = [{"benchmark": b, **{s: None if ladder[b].get(s) is None else round(ladder[b][s], 3) for s in stages}}
             for b in ladder_order(ladder)]
     return pl.DataFrame(rows) if rows else pl.DataFrame()

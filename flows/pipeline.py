@@ -569,7 +569,7 @@ def idle_lines(idle: list[dict[str, str]]) -> list[str]:
 def run_summary_markdown(results: dict[str, Any]) -> str:
     """What the Prefect flow run shows on its Artifacts tab: where the run lives in MLflow,
     the report, and the held-out table when the run evaluated."""
-    from tasks.evaluate import ladder_order, ladder_verdict
+    from tasks.evaluate import ladder_order, ladder_stages, ladder_verdict
     from tasks.heldout_stats import interval_table, intervals_of
     from tasks.synthesize import band_levels
 
@@ -588,7 +588,7 @@ def run_summary_markdown(results: dict[str, Any]) -> str:
                   "| task | levels | of | status |", "|---|---|---:|---|"]
         lines += [f"| {b['task']} | {band_levels(b)} | {b['n_levels']} | {b['status']} |" for b in bands]
     if ladder:
-        stages = list(dict.fromkeys(s for v in ladder.values() for s in v))
+        stages = ladder_stages(ladder)
         lines += ["", "## Held-out pass@1 after each stage", "", "| benchmark | " + " | ".join(stages) + " |",
                   "|---|" + "---:|" * len(stages)]
         for bench in ladder_order(ladder):

@@ -431,6 +431,13 @@ def pass_at_k_metrics(summary: pl.DataFrame, stage: str | None = None) -> dict[s
     return {f"{prefix}{r['benchmark']}.pass_at_{r['k']}": r["pass_at_k"] for r in summary.iter_rows(named=True)}
 
 
+def ladder_stages(ladder: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """The stages of a ladder in the order they were evaluated: a benchmark scored at only some
+    stages (``benchmark_stages``) does not reorder them (the fullest row leads)."""
+    rows = sorted(ladder.values(), key=len, reverse=True)   # stable: equal rows keep their order
+    return list(dict.fromkeys(s for v in rows for s in v))
+
+
 def ladder_table(summary: pl.DataFrame, k: int = 1) -> dict[str, dict[str, float]]:
     """benchmark -> stage -> pass@k, stages in the order they were evaluated."""
     rows = summary.filter((pl.col("k") == k) & pl.col("stage").is_not_null())

@@ -203,3 +203,11 @@ def test_stages_that_did_nothing_are_named_with_their_reason_in_the_summary():
     assert "## Stages that did nothing" in md and "- dpo_long: no row of dpo_pairs is assigned to it" in md
     assert f"| {SYNTHETIC_BENCHMARK} | rl - sft_long | +0.300 | [+0.200, +0.400] | gain |" in md
     assert "+0.30 [+0.20, +0.40]" in md.splitlines()[2]
+
+
+def test_a_benchmark_scored_at_some_stages_does_not_reorder_the_ladder():
+    from tasks.evaluate import ladder_stages
+
+    ladder = {"aime2024": {"base": 0.0, "rl": 0.0, "agent": 0.0},
+              "synthetic_heldout": {"base": 0.1, "sft_long": 0.2, "dpo_long": 0.2, "rl": 0.3, "agent": 0.1}}
+    assert ladder_stages(ladder) == ["base", "sft_long", "dpo_long", "rl", "agent"]
