@@ -36,7 +36,7 @@ from flows.pipeline import SWEEP_WRITER
 from flows.train import _digest, train_stage_task
 from tasks import tracking
 from tasks.evaluate import HELDOUT_GROUPS, EvaluateConfig, heldout_group
-from tasks.heldout_stats import intervals_of
+from tasks.heldout_stats import find_interval, intervals_of
 from tasks.model_registry import pipeline_models, read_models, refuse_failed_audit, sweep_run_name
 from tasks.train.config import TrainConfig
 from tasks.train.harness import StageJob
@@ -212,7 +212,7 @@ def sweep_flow(profile: str = "tiny", home: str | None = None, stage: str = "rl"
                     continue
                 metrics[f"{against}.{bench}.pass_at_1"] = by_stage[against]
                 metrics[f"{stage}.{bench}.pass_at_1"] = by_stage[label]
-                iv = next((i for i in intervals if (i.benchmark, i.a, i.b) == (bench, against, label)), None)
+                iv = find_interval(intervals, bench, against, label)
                 if iv is not None:
                     benchmarks[bench] = {"diff": iv.diff, "lo": iv.lo, "hi": iv.hi, "items": iv.items,
                                          against: by_stage[against], stage: by_stage[label]}
