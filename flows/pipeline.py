@@ -549,16 +549,23 @@ def headline_metrics(results: dict[str, Any]) -> dict[str, float]:
 
 
 def idle_stages(results: dict[str, Any]) -> list[dict[str, str]]:
-    """The training stages of this run that did nothing, each with why: trained 0 steps because
-    the profile asks for no data of its kind, or no row of its table is assigned to it. Each train
-    stage's pipeline result (a train flow's) holds its per-stage results under ``stages``."""
+    """The stages of this run that did nothing, each with why: a training stage that trained 0
+    steps (the profile asks for no data of its kind, no row of its table is assigned to it, or
+    its ``train.stages`` leaves it out), a data stage whose result says ``idle`` (on-policy
+    samples when no DPO stage trains). Each train stage's pipeline result (a train flow's) holds
+    its per-stage results under ``stages``."""
     out, seen = [], set()
-    for result in results.values():
-        stages = result.get("stages") if isinstance(result, dict) else None
-        for name, r in (stages.items() if isinstance(stages, dict) else ()):
-            if isinstance(r, dict) and "steps" in r and not r["steps"] and name not in seen:
-                seen.add(name)
-                out.append({"stage": name, "reason": r.get("reason") or "trained 0 steps"})
+    for name, result in results.items():
+        if not isinstance(result, dict):
+            continue
+        if result.get("idle") and name not in seen:
+            seen.add(name)
+            out.append({"stage": name, "reason": str(result["idle"])})
+        stages = result.get("stages")
+        for stage, r in (stages.items() if isinstance(stages, dict) else ()):
+            if isinstance(r, dict) and "steps" in r and not r["steps"] and stage not in seen:
+                seen.add(stage)
+                out.append({"stage": stage, "reason": r.get("reason") or "trained 0 steps"})
     return out
 
 

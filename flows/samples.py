@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from prefect import flow
 
+from data_specs.stages import train_stage
 from flows.common import flow_context, flow_logger, report_progress
 from tasks.genrm.models import resolve_model_name
 from tasks.rollout.config import RolloutConfig
@@ -43,11 +44,17 @@ def samples_flow(job: str = "teacher", profile: str = "tiny", home: str | None =
                       sections=("samples", "rollout", "train", "model")) as ctx:
         cfg = ctx.profile.section("samples", SamplesConfig)
         settings: SampleJob = getattr(cfg, job)
+        train = ctx.profile.section("train", TrainConfig)
+        if job == "on_policy" and model is None and not any(train_stage(s).recipe == "dpo" for s in train.stages):
+            reason = f"no DPO stage in train.stages ({', '.join(train.stages)}): on-policy samples make DPO pairs only"
+            log.info("samples %s: %s; nothing sampled", job, reason)
+            report_progress(job, "done")
+            return {"mlflow_run_id": ctx.run_id, "tables": {}, "counts": {}, "model": None, "enabled": False,
+                    "idle": reason}
         if not settings.enabled and model is None:
             log.info("samples %s: disabled in profile %s (samples.%s.enabled); nothing sampled", job, profile, job)
             report_progress(job, "done")
             return {"mlflow_run_id": ctx.run_id, "tables": {}, "counts": {}, "model": None, "enabled": False}
-        train = ctx.profile.section("train", TrainConfig)
         chosen = job_model(settings, ctx.wh, train, ctx.profile.raw("model"), sources, model)
         rollout = ctx.profile.section("rollout", RolloutConfig)
         backend = make_backend(rollout.model_copy(update={"model": chosen}))

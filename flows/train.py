@@ -79,7 +79,9 @@ def build_data_task(home: str, cfg: dict, base_model: str, tables: list[str],
 
 
 # tables a recipe reads while it trains, besides its training table: pinned in its job when it starts
-RUNTIME_READS = {"rl": ("references", "judge_calibrations")}
+# what a stage reads while it trains, besides its own table: RL's references and judge calibration;
+# the agent stage's replay of the RL stage's verified samples (and their prompts)
+RUNTIME_READS = {"rl": ("references", "judge_calibrations"), "agent": ("rl_rollouts", "rl_prompts")}
 
 
 def judge_model(wh: Warehouse, conf: TrainConfig, stage: str, sources: dict[str, TableRef] | None) -> str | None:
@@ -301,12 +303,23 @@ def train_flow(profile: str = "tiny", home: str | None = None, stages: list[str]
         config_hash = ctx.profile.config_hash("train", "model")
         name = _run_name(ctx.profile, run_name, config_hash)
         sequence = _stage_sequence(stages, cfg)
+        results: dict[str, dict] = {}
+        for stage in [s for s in sequence if s not in cfg.stages]:
+            # the recipe this profile trains leaves the stage out (smol: SFT straight to RL, as M1)
+            reason = f"not in train.stages of profile {ctx.profile.name} ({', '.join(cfg.stages)})"
+            log.warning("train %s: %s: stage not trained; the stages after it start from the one before it",
+                        stage, reason)
+            results[stage] = {"steps": 0, "not_in_profile": True, "reason": reason}
+        sequence = [s for s in sequence if s in cfg.stages]
+        if not sequence:
+            report_progress("train", "done")
+            return {"mlflow_run_id": ctx.run_id, "run_name": name, "base_model": None, "data": {},
+                    "stages": results, "final_model": None, "recalibrations": [], "tables": {}}
         base = base_model_task(home_str, cfg.model_dump(), ctx.profile.raw("model"), ctx.profile.core.seed, sources)
         tables = list(dict.fromkeys(train_stage(s).table for s in sequence))
         data_refs = build_data_task(home_str, cfg.model_dump(), base, tables, sources)
         for ref in data_refs.values():
             tracking.log_table(ref, context="output")
-        results: dict[str, dict] = {}
         recalibrations: list[dict] = []
         final_model = base
         for stage in sequence:

@@ -136,3 +136,68 @@ def test_a_sigkilled_agent_stage_resumes_to_an_uninterrupted_runs_trajectories(w
         assert abs(ra.get("loss", 0.0) - rb.get("loss", 0.0)) < 1e-4, (ra["step"], ra.get("loss"), rb.get("loss"))
         assert ra.get("success_rate") == rb.get("success_rate")
     assert _trajectories(wh, "straight") == _trajectories(wh, "killed")
+
+
+def _seed_rl_samples(wh, run_name: str) -> list[tuple[str, list[int]]]:
+    """rl_prompts and rl_rollouts as an RL stage of ``run_name`` leaves them: two verified samples
+    (one of them stored twice), a wrong one, and a verified one of another run. Returns the
+    (prompt, completion ids) the agent stage should rehearse."""
+    from data_specs import get_spec
+
+    prompts = [("p1", "What is 2 + 3?"), ("p2", "Count the vowels in 'banana'.")]
+    wh.write("rl_prompts", get_spec("rl_prompts").conform(pl.DataFrame(
+        [{"prompt_id": p, "source_table": "synthetic_tasks", "domain": "logic", "prompt": t, "answer": "5",
+          "selected_by": "synthetic_tasks"} for p, t in prompts])))
+    rows = []
+    for i, (pid, run, reward, ids) in enumerate([("p1", run_name, 1.0, [7, 8, 9, 2]), ("p1", run_name, 1.0, [7, 8, 9, 2]),
+                                                 ("p2", run_name, 1.0, [11, 12, 2]), ("p2", run_name, 0.0, [13, 2]),
+                                                 ("p1", "another-run", 1.0, [14, 2])]):
+        rows.append({"rollout_id": f"{pid}:{i}:{run}", "prompt_id": pid, "source_table": "rl_prompts",
+                     "domain": "logic", "sample_index": i, "text": " ".join(map(str, ids)), "token_ids": ids,
+                     "num_tokens": len(ids), "finish_reason": "stop", "truncated": False, "reward": reward,
+                     "backend": "local", "model": "m", "train_run": run, "step": 0, "policy_version": 0,
+                     "staleness": 0})
+    wh.write("rl_rollouts", get_spec("rl_rollouts").conform(pl.DataFrame(rows)))
+    return [("What is 2 + 3?", [7, 8, 9, 2]), ("Count the vowels in 'banana'.", [11, 12, 2])]
+
+
+def test_the_agent_stage_rehearses_the_runs_verified_rl_samples(wh):
+    """replay_batch: each training step also fits sequences of the RL stage's own verified samples
+    of this run (the forgetting fix measured on smol): the pool is exactly those, once each, and
+    the first step's replay loss is their token-mean NLL under the starting weights, recomputed
+    here with a plain forward of the model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tasks.train.encoding import encode_prompt
+
+    expected = _seed_rl_samples(wh, "rehearsed")
+    cfg = agent_config(steps=3, replay_batch=3, replay_weight=0.5)
+    job = agent_job(wh, cfg, "rehearsed")
+    result = execute_stage(job)
+    assert result["replay_pool"] == 2
+    curve = _records(checkpoint.stage_dir(wh.checkpoints_dir, "rehearsed", "agent"))
+    assert all(r["replay_sequences"] == 3.0 for r in curve if "loss" in r)
+
+    tokenizer = AutoTokenizer.from_pretrained(job.init_model)
+    pool = sorted(expected, key=lambda pc: pc[0] != "What is 2 + 3?")   # the pool's order: by rollout_id
+    g = torch.Generator().manual_seed(cfg.seed * 37 + 0)
+    picked = [pool[i] for i in torch.randint(len(pool), (3,), generator=g).tolist()]
+    model = AutoModelForCausalLM.from_pretrained(job.init_model, torch_dtype=torch.float32).eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for prompt, completion in picked:
+            ids = encode_prompt(tokenizer, prompt, "logic") + completion
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].float(), -1)
+            tok = logp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+            total -= float(tok[-len(completion):].sum())
+            count += len(completion)
+    assert abs(curve[0]["replay_loss"] - total / count) < 1e-3
+
+
+def test_replay_without_verified_rl_samples_is_refused_with_the_run_named(wh):
+    import pytest
+
+    cfg = agent_config(steps=3, replay_batch=2)
+    with pytest.raises(ValueError, match="no rl_rollouts / rl_prompts .* train the rl stage of run 'bare'"):
+        execute_stage(agent_job(wh, cfg, "bare"))

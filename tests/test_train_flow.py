@@ -179,3 +179,28 @@ def test_a_rerun_stage_that_finds_its_model_registered_hands_that_model_to_the_n
     handed = rerun["table_refs"]["models"]
     assert handed == wh.latest("models") != before
     assert _previous_model(wh, "r", "dpo_long", "base", sources={"models": handed}) == str(model("dpo_short"))
+
+
+def test_a_stage_the_profile_leaves_out_of_train_stages_is_named_not_trained(home, wh, monkeypatch):
+    """smol goes from SFT straight to RL (train.stages without DPO): the pipeline still calls the
+    DPO stages; each says why it trained nothing, and the on-policy samples that only make DPO
+    pairs are not drawn."""
+    from flows.samples import samples_flow
+    from flows.train import train_flow
+
+    monkeypatch.setenv("POSTTRAIN__TRAIN__STAGES", "[judge, sft_short, sft_long, rl, agent]")
+    res = train_flow(profile="tiny", home=str(home), stages=["dpo_short", "dpo_long"])
+    reason = "not in train.stages of profile tiny (judge, sft_short, sft_long, rl, agent)"
+    assert res["stages"] == {"dpo_short": {"steps": 0, "not_in_profile": True, "reason": reason},
+                             "dpo_long": {"steps": 0, "not_in_profile": True, "reason": reason}}
+    assert res["final_model"] is None and not wh.exists("dpo_pairs") and not wh.exists("models")
+
+    monkeypatch.setenv("POSTTRAIN__SAMPLES__ON_POLICY__ENABLED", "true")
+    out = samples_flow("on_policy", profile="tiny", home=str(home))
+    assert out["enabled"] is False and out["tables"] == {}
+    assert out["idle"].startswith("no DPO stage in train.stages (judge, sft_short, sft_long, rl, agent)")
+
+    from flows.pipeline import idle_stages
+    assert idle_stages({"on_policy": out, "dpo_short": res}) == [
+        {"stage": "on_policy", "reason": out["idle"]}, {"stage": "dpo_short", "reason": reason},
+        {"stage": "dpo_long", "reason": reason}]

@@ -47,11 +47,13 @@ from tasks.agents.rollout import (
     Trajectory,
     WindowedFIFO,
 )
+from tasks.model_registry import audited_row
 from tasks.rollout.base import SamplingParams
 from tasks.rollout.config import LocalConfig
 from tasks.rollout.local import LocalBackend
+from tasks.train.encoding import encode_prompt
 from tasks.train.engine import backward_and_step, current_lr, lr_lambda, set_lr_factor, world_size
-from tasks.train.harness import StageHarness
+from tasks.train.harness import StageHarness, handed_ref
 from warehouse import Warehouse
 
 log = logging.getLogger("posttrain.train.agent")
@@ -198,6 +200,50 @@ def expert_trajectory(tokenizer, spec: EpisodeSpec, trajectory_id: str) -> Traje
     return t if t.success else None
 
 
+# --------------------------------------------------------------------------- replay
+
+def replay_pool(h: StageHarness, tokenizer) -> list[dict]:
+    """The single-turn sequences the stage rehearses (``replay_batch``): the verified samples
+    (reward 1) the RL stage of the run its starting model comes from drew from its own prompts,
+    one per distinct (prompt, completion), each as that RL stage trained it (the prompt rendered by
+    ``encode_prompt``, the completion's ids as sampled), the loss mask on the completion. Read from
+    the ``rl_rollouts`` and ``rl_prompts`` snapshots the stage was handed."""
+    rollouts, prompts = handed_ref(h, "rl_rollouts"), handed_ref(h, "rl_prompts")
+    wh = Warehouse(h.job.home)
+    row = audited_row(wh, h.job.init_model)
+    run = row["run_name"] if row else h.job.run_name
+    if rollouts is None or prompts is None:
+        raise ValueError(f"agent.replay_batch {h.stage_cfg.replay_batch}: no rl_rollouts / rl_prompts in "
+                         f"{h.job.home} to replay; train the rl stage of run {run!r} first, or set replay_batch 0")
+    text = wh.read(prompts.name, prompts.snapshot).select("prompt_id", "prompt")
+    rows = (wh.read(rollouts.name, rollouts.snapshot)
+            .filter((pl.col("train_run") == run) & (pl.col("reward") >= 1.0) & pl.col("token_ids").is_not_null())
+            .join(text, on="prompt_id", how="inner")
+            .unique(subset=["prompt_id", "text"], keep="first").sort("rollout_id"))
+    if rows.is_empty():
+        raise ValueError(f"agent.replay_batch {h.stage_cfg.replay_batch}: run {run!r} has no verified RL sample in "
+                         f"{rollouts} (with its prompt in {prompts}) to replay; set replay_batch 0")
+    out = []
+    for r in rows.iter_rows(named=True):
+        prompt = encode_prompt(tokenizer, r["prompt"], r["domain"])
+        completion = list(r["token_ids"])
+        out.append({"ids": prompt + completion, "mask": [0] * len(prompt) + [1] * len(completion),
+                    "rollout_id": r["rollout_id"]})
+    return out
+
+
+def replay_loss(h: StageHarness, module, pool: list[dict], step: int) -> tuple[torch.Tensor | None, dict]:
+    """The weighted NLL of ``replay_batch`` sequences of ``pool`` drawn for ``step`` (seeded), and
+    its metrics; (None, {}) without replay."""
+    cfg = h.stage_cfg
+    if not pool or not cfg.replay_batch:
+        return None, {}
+    g = torch.Generator().manual_seed(h.cfg.seed * 37 + step)
+    picked = [pool[i] for i in torch.randint(len(pool), (cfg.replay_batch,), generator=g).tolist()]
+    loss, _ = sft_loss_over_trie(module, picked, cfg.max_tokens_per_row)
+    return cfg.replay_weight * loss, {"replay_loss": loss.item(), "replay_sequences": float(len(picked))}
+
+
 # --------------------------------------------------------------------------- the table
 
 def trajectory_row(h: StageHarness, t: Trajectory, step: int, kind: str, reward: float, to_go: list[float],
@@ -303,6 +349,10 @@ def train_agent(h: StageHarness) -> dict:
     experts = [t for t in demos if t is not None]
     if cfg.expert_steps and not experts:
         raise ValueError("agent.expert_steps > 0 but no environment of agent_tasks gives expert actions")
+    replay = replay_pool(h, tokenizer) if cfg.replay_batch else []
+    if replay:
+        log.info("agent: rehearsing %d of %d verified RL samples at every step (weight %s)", cfg.replay_batch,
+                 len(replay), cfg.replay_weight)
     stored, pending, last = _stored_ids(h), [], {}
     model_name = f"{h.job.run_name}/{h.job.stage}"
     for step in range(start, cfg.steps):
@@ -313,8 +363,10 @@ def train_agent(h: StageHarness) -> dict:
             picked = [experts[i] for i in torch.randint(len(experts), (cfg.expert_batch,), generator=g).tolist()]
             samples = [s for t in picked for s in training_samples(t, [1.0] * len(t.transcript.turns), True)]
             loss, stats = sft_loss_over_trie(engine.module, samples, cfg.max_tokens_per_row)
-            norm = backward_and_step(engine, loss)
-            metrics = {"loss": loss.item(), "expert_sft": 1.0, "grad_norm": norm or 0.0, "lr": current_lr(engine), **stats}
+            rehearsal, replay_stats = replay_loss(h, engine.module, replay, step)
+            norm = backward_and_step(engine, loss if rehearsal is None else loss + rehearsal)
+            metrics = {"loss": loss.item(), "expert_sft": 1.0, "grad_norm": norm or 0.0, "lr": current_lr(engine), **stats,
+                       **replay_stats}
             if step == cfg.expert_steps - 1 or step == 0:
                 for t in {t.trajectory_id: t for t in picked}.values():
                     reward, to_go, cost = reward_components(t, cfg.process_reward, cfg.time_cost)
@@ -338,8 +390,9 @@ def train_agent(h: StageHarness) -> dict:
                        "lr": current_lr(engine)}
             if samples:
                 loss, stats = sequence_loss(engine.module, samples, cfg, version, cfg.eps_high, cfg.max_tokens_per_row)
-                norm = backward_and_step(engine, loss)
-                metrics.update(loss=loss.item(), grad_norm=norm or 0.0, **stats)
+                rehearsal, replay_stats = replay_loss(h, engine.module, replay, step)
+                norm = backward_and_step(engine, loss if rehearsal is None else loss + rehearsal)
+                metrics.update(loss=loss.item(), grad_norm=norm or 0.0, **stats, **replay_stats)
             for t, reward in zip(trajs, rewards):
                 _, to_go, cost = reward_components(t, cfg.process_reward, cfg.time_cost)
                 pending.append(trajectory_row(h, t, step, "policy", reward, to_go, cost, version,
@@ -358,7 +411,8 @@ def train_agent(h: StageHarness) -> dict:
     if h.is_rank0:
         _store(h, pending, stored)
     return h.finish(engine, tokenizer, {"final_loss": last.get("loss"), "final_success_rate": last.get("success_rate"),
-                                        "tasks": len(specs), "expert_demonstrations": len(experts)},
+                                        "tasks": len(specs), "expert_demonstrations": len(experts),
+                                        "replay_pool": len(replay)},
                     curves=("loss", "success_rate", "reward_mean", "turns_mean", "tool_errors_mean"))
 
 

@@ -300,6 +300,12 @@ class AgentStageConfig(StageCommon):
         None, gt=0, description="the learning rate of the expert steps (constant after the warm-up); none: the "
                                 "stage's schedule runs over every step. Set: RL's schedule starts after them")
     max_tokens_per_row: int | None = Field(4096, ge=8, description="trie tokens packed per forward row")
+    replay_batch: int = Field(
+        0, ge=0, description="single-turn sequences rehearsed at every step that trains: the RL stage's own verified "
+                             "samples of this run (rl_rollouts with reward 1), their NLL added to the step's loss, so "
+                             "agent training does not wipe out what RL taught (M2.5 trains reasoning beside agent "
+                             "tasks); 0: none")
+    replay_weight: float = Field(1.0, ge=0, description="the replayed sequences' loss weight")
 
     @model_validator(mode="after")
     def _steps(self) -> AgentStageConfig:

@@ -214,3 +214,13 @@ class StageHarness:
             ax.set_title(f"{self.job.stage} {name}")
             ax.set_xlabel("step")
         tracking.log_figure(fig, f"plots/{self.job.stage}_curves.png", run_id=self.job.mlflow_run_id)
+
+
+def handed_ref(h: StageHarness, table: str) -> TableRef | None:
+    """The snapshot of ``table`` the stage was handed (``extra["sources"]``, pinned by the train
+    flow when it made the job: a table it lacked then is pinned as absent), else its newest now."""
+    sources = (h.job.extra or {}).get("sources")
+    if sources is None:
+        return Warehouse(h.job.home).latest(table)
+    handed = sources.get(table)
+    return TableRef.parse(handed) if handed else None

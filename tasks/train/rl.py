@@ -52,10 +52,10 @@ from tasks.train.engine import (
     world_size,
 )
 from tasks.train.genrm_reward import DomainReward, RewardCounters, RewardFn, references_by_prompt
-from tasks.train.harness import StageHarness
+from tasks.train.harness import StageHarness, handed_ref
 from tasks.train.length_schedule import LengthSchedule
 from tasks.train.rollout_engine import make_sampler
-from warehouse import TableRef, Warehouse
+from warehouse import Warehouse
 
 log = logging.getLogger("posttrain.train.rl")
 
@@ -465,16 +465,6 @@ def judge_backend_factory(rollout: RolloutConfig, home: str) -> JudgeFactory:
 
 # the tables the RL stage reads while it trains, besides its rl_prompts snapshot
 RUNTIME_READS = ("references", "judge_calibrations")
-
-
-def handed_ref(h: StageHarness, table: str) -> TableRef | None:
-    """The snapshot of ``table`` the stage was handed (``extra["sources"]``, pinned by the train
-    flow when it made the job: a table it lacked then is pinned as absent), else its newest now."""
-    sources = (h.job.extra or {}).get("sources")
-    if sources is None:
-        return Warehouse(h.job.home).latest(table)
-    handed = sources.get(table)
-    return TableRef.parse(handed) if handed else None
 
 
 def make_rewarder(h: StageHarness, pool: list[dict], reward_fn: RewardFn | None,
