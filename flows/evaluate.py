@@ -34,7 +34,6 @@ from tasks.evaluate import (
     training_instance_ids,
 )
 from tasks.heldout_stats import interval_metrics
-from tasks.model_registry import audited_row
 from tasks.rollout.base import RolloutBackend
 from tasks.rollout.config import RolloutConfig
 from tasks.rollout.factory import make_backend
@@ -64,12 +63,10 @@ def _models_to_evaluate(wh, cfg: EvaluateConfig, model: str | None, accept_faile
     """``models`` (label -> alias or path, in order), else the named model, else the newest run's
     stage ladder (base -> ... -> rl)."""
     if models:
-        out = []
-        for label, path in models.items():
-            choice = choose_model(wh, path, accept_failed_audit)
-            row = audited_row(wh, choice.path)   # a registered model goes by its id
-            out.append(replace(choice, stage=label, **({"model_id": row["model_id"]} if row else {})))
-        return out
+        # a registered model goes by its id
+        return [replace(choice, stage=label, model_id=choice.registered_id or choice.model_id)
+                for label, path in models.items()
+                for choice in [choose_model(wh, path, accept_failed_audit)]]
     if model or not cfg.stages:
         return [choose_model(wh, model, accept_failed_audit, sources)]
     return stage_ladder(wh, cfg.stages, accept_failed_audit, sources)

@@ -137,6 +137,7 @@ class ModelChoice:
     path: str
     source: str   # "argument" or "models table"
     stage: str | None = None
+    registered_id: str | None = None   # an argument that is a registered model: its models.model_id
 
 
 def choose_model(wh: Warehouse, model: str | None = None, accept_failed_audit: bool = False,
@@ -149,7 +150,8 @@ def choose_model(wh: Warehouse, model: str | None = None, accept_failed_audit: b
         row = audited_row(wh, path)
         if row is not None:
             refuse_failed_audit(row, accept_failed_audit)
-        return ModelChoice(model_id=model, path=path, source="argument")
+        return ModelChoice(model_id=model, path=path, source="argument",
+                           registered_id=str(row["model_id"]) if row is not None else None)
     models = pipeline_models(read_models(wh, sources))
     if models.is_empty():
         raise LookupError(
