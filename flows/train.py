@@ -79,8 +79,7 @@ def build_data_task(home: str, cfg: dict, base_model: str, tables: list[str],
 
 
 # tables a recipe reads while it trains, besides its training table: pinned in its job when it starts
-# what a stage reads while it trains, besides its own table: RL's references and judge calibration;
-# the agent stage's replay of the RL stage's verified samples (and their prompts)
+# (RL's references and judge calibration; the agent stage's replay of RL's verified samples)
 RUNTIME_READS = {"rl": ("references", "judge_calibrations"), "agent": ("rl_rollouts", "rl_prompts")}
 
 

@@ -227,21 +227,23 @@ def replay_pool(h: StageHarness, tokenizer) -> list[dict]:
     for r in rows.iter_rows(named=True):
         prompt = encode_prompt(tokenizer, r["prompt"], r["domain"])
         completion = list(r["token_ids"])
-        out.append({"ids": prompt + completion, "mask": [0] * len(prompt) + [1] * len(completion),
-                    "rollout_id": r["rollout_id"]})
+        out.append({"ids": prompt + completion, "mask": [0] * len(prompt) + [1] * len(completion)})
     return out
 
 
-def replay_loss(h: StageHarness, module, pool: list[dict], step: int) -> tuple[torch.Tensor | None, dict]:
-    """The weighted NLL of ``replay_batch`` sequences of ``pool`` drawn for ``step`` (seeded), and
-    its metrics; (None, {}) without replay."""
+def step_with_replay(h: StageHarness, engine, loss: torch.Tensor, pool: list[dict], step: int
+                     ) -> tuple[float | None, dict]:
+    """One optimizer step on ``loss`` plus the weighted NLL of ``replay_batch`` sequences of
+    ``pool`` drawn for ``step`` (seeded); the gradient norm and the replay's metrics (none without
+    replay)."""
     cfg = h.stage_cfg
     if not pool or not cfg.replay_batch:
-        return None, {}
+        return backward_and_step(engine, loss), {}
     g = torch.Generator().manual_seed(h.cfg.seed * 37 + step)
     picked = [pool[i] for i in torch.randint(len(pool), (cfg.replay_batch,), generator=g).tolist()]
-    loss, _ = sft_loss_over_trie(module, picked, cfg.max_tokens_per_row)
-    return cfg.replay_weight * loss, {"replay_loss": loss.item(), "replay_sequences": float(len(picked))}
+    rehearsal, _ = sft_loss_over_trie(engine.module, picked, cfg.max_tokens_per_row)
+    norm = backward_and_step(engine, loss + cfg.replay_weight * rehearsal)
+    return norm, {"replay_loss": rehearsal.item(), "replay_sequences": float(len(picked))}
 
 
 # --------------------------------------------------------------------------- the table
@@ -363,8 +365,7 @@ def train_agent(h: StageHarness) -> dict:
             picked = [experts[i] for i in torch.randint(len(experts), (cfg.expert_batch,), generator=g).tolist()]
             samples = [s for t in picked for s in training_samples(t, [1.0] * len(t.transcript.turns), True)]
             loss, stats = sft_loss_over_trie(engine.module, samples, cfg.max_tokens_per_row)
-            rehearsal, replay_stats = replay_loss(h, engine.module, replay, step)
-            norm = backward_and_step(engine, loss if rehearsal is None else loss + rehearsal)
+            norm, replay_stats = step_with_replay(h, engine, loss, replay, step)
             metrics = {"loss": loss.item(), "expert_sft": 1.0, "grad_norm": norm or 0.0, "lr": current_lr(engine), **stats,
                        **replay_stats}
             if step == cfg.expert_steps - 1 or step == 0:
@@ -390,8 +391,7 @@ def train_agent(h: StageHarness) -> dict:
                        "lr": current_lr(engine)}
             if samples:
                 loss, stats = sequence_loss(engine.module, samples, cfg, version, cfg.eps_high, cfg.max_tokens_per_row)
-                rehearsal, replay_stats = replay_loss(h, engine.module, replay, step)
-                norm = backward_and_step(engine, loss if rehearsal is None else loss + rehearsal)
+                norm, replay_stats = step_with_replay(h, engine, loss, replay, step)
                 metrics.update(loss=loss.item(), grad_norm=norm or 0.0, **stats, **replay_stats)
             for t, reward in zip(trajs, rewards):
                 _, to_go, cost = reward_components(t, cfg.process_reward, cfg.time_cost)

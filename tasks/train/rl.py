@@ -463,10 +463,6 @@ def judge_backend_factory(rollout: RolloutConfig, home: str) -> JudgeFactory:
     return build
 
 
-# the tables the RL stage reads while it trains, besides its rl_prompts snapshot
-RUNTIME_READS = ("references", "judge_calibrations")
-
-
 def make_rewarder(h: StageHarness, pool: list[dict], reward_fn: RewardFn | None,
                   judge_backend: JudgeFactory | None) -> DomainReward:
     """The step's reward: ``reward_fn`` for every sample when given, else verifiers + GenRM by domain.
