@@ -18,7 +18,7 @@ from test_train_engine import seeded_sft_job
 
 from tasks import tracking
 from tasks.genrm.config import LengthBiasConfig
-from tasks.genrm.length_bias import EVENT_TAG
+from tasks.genrm.length_bias import EVENT_TAG, LengthCorrection
 from tasks.genrm.references import current_references
 from tasks.rollout.base import Completion
 from tasks.train.config import CurriculumPhase, GenRMRewardConfig, TrainConfig
@@ -29,7 +29,7 @@ from tasks.train.genrm_reward import (
     verifier_correct,
 )
 from tasks.train.harness import StageHarness, StageJob
-from tasks.train.rl import train_rl
+from tasks.train.rl import _monitor_inputs, train_rl
 
 _ANSWERS = re.compile(r"\[Answer 1\]\n(.*?)\n\n\[Answer 2\]\n(.*)\Z", re.DOTALL)
 
@@ -94,13 +94,14 @@ def test_rewards_dispatch_by_domain_with_one_batched_position_switched_judge_cal
 
     assert [(s.reward, s.correct, s.scorer) for s in scored[0]] == [(1.0, 1.0, "verifier"), (0.0, 0.0, "verifier")]
     # i1 is judged against the references-table text, not its stored solution: both contain
-    # "good", so a consistent tie; "meh" loses in both orders; "garble" cannot be read -> a tie
+    # "good", so a consistent tie; "meh" loses in both orders; "garble" cannot be read -> paid as
+    # a tie, its correctness unknown (None, not "correct")
     assert [(s.verdict, s.status, s.reward, s.correct) for s in scored[1]] == [
-        (0, "consistent", 0.4, 1.0), (-1, "consistent", 0.0, 0.0), (None, "unparseable", 0.4, 1.0)]
+        (0, "consistent", 0.4, 1.0), (-1, "consistent", 0.0, 0.0), (None, "unparseable", 0.4, None)]
     # g1 (stored solution "an apple"): "a good apple" wins in both orders; "a good pear" breaks
     # the required word and loses by rule, without asking the model
     assert [(s.verdict, s.status, s.reward) for s in scored[2]] == [(1, "consistent", 1.0), (-1, "rule", 0.0)]
-    assert [(s.status, s.reward) for s in scored[3]] == [("no_reference", 0.4)]
+    assert [(s.status, s.reward, s.correct) for s in scored[3]] == [("no_reference", 0.4, None)]
     # one generate call for the round: 4 model-judged pairs x 2 orders, each with 2 blind samples
     assert len(backend.calls) == 1 and len(backend.calls[0]) == 8
     assert all("[Answer 1]\na good reference" in p or "[Answer 2]\na good reference" in p
@@ -108,7 +109,28 @@ def test_rewards_dispatch_by_domain_with_one_batched_position_switched_judge_cal
     m = counters.metrics()
     assert m["genrm_scored"] == 6 and m["genrm_unparseable_fraction"] == pytest.approx(1 / 6)
     assert m["genrm_rule_decided_fraction"] == pytest.approx(1 / 6) and m["genrm_judge_calls"] == 1
-    assert m["genrm_no_reference"] == 1
+    assert m["genrm_no_reference"] == 1 and m["genrm_unread_fraction"] == pytest.approx(2 / 6)
+
+
+def test_unread_verdicts_stay_out_of_the_length_bias_monitor_and_its_correction():
+    """An unreadable verdict and a prompt without a reference are paid as ties but are not
+    "correct" samples: the monitor sees only the judged samples whose verdict was read, and a
+    correction of the correct group leaves the unread ones alone."""
+    reward = DomainReward(GenRMRewardConfig(judge={"consistency": {"blind_samples": 1}}),
+                          references={"i1": "a good reference"}, judge_backend=ScriptedJudgeBackend)
+    groups = groups_for([["a good long answer here", "garble garble garble garble garble garble"], ["anything at all"]])
+    scored = reward.score([ROWS[1], ROWS[3]], groups, RewardCounters())
+    seen = [(row, g, s, 0) for row, g, s in zip([ROWS[1], ROWS[3]], groups, scored)]
+    rewards, lengths, correct = _monitor_inputs(seen)
+    assert (rewards, lengths, correct) == ([scored[0][0].reward], [5], [1.0])
+
+    reward.use_correction(LengthCorrection(slope=0.1, log_length_mean=1.0, log_length_std=1.0, n=32))
+    counters = RewardCounters()
+    corrected = reward.score([ROWS[1], ROWS[3]], groups, counters)
+    assert corrected[0][0].reward < scored[0][0].reward          # read and correct: corrected
+    assert corrected[0][1].reward == scored[0][1].reward          # unreadable: left alone
+    assert corrected[1][0].reward == scored[1][0].reward          # no reference: left alone
+    assert counters.genrm_length_corrected == 1 and counters.genrm_unread == 2
 
 
 def test_verdicts_decided_ahead_are_the_rewards_and_are_not_decided_again(monkeypatch):

@@ -6,11 +6,13 @@ answer (Answer 1 = reference, Answer 2 = response; -1/0/1 = worse/similar/better
 in both orders and with blind samples (``tasks.genrm.judge.GenRMJudge``), and rule
 constraints from the row's ``metadata.constraints`` decide a pair outright when exactly
 one answer breaks them. The verdict maps to a reward (default -1 -> 0, 0 -> 0.5, 1 -> 1);
-an unreadable verdict counts as a tie.
+an unreadable verdict, or a prompt with no reference to compare with, is paid as a tie but
+counted as *unread* (``genrm_unread``): its correctness is unknown, so it stays out of the
+length-bias monitor and its correction.
 
 All GenRM samples of a sampling round go to the judge in one ``compare`` call. Every
 scored sample also carries its *correctness* for the length-bias monitor: the verifier's
-for rule-scored samples, ``verdict >= 0`` for GenRM samples.
+for rule-scored samples, ``verdict >= 0`` for GenRM samples the judge read (None: unread).
 
 Each rule-scored sample is verified exactly once (one sandbox run for code): its reward
 and its correctness come from that one result. A row the verifier cannot score (broken
@@ -66,7 +68,7 @@ def clip_reward(value: float) -> float:
 @dataclass(frozen=True)
 class ScoredSample:
     reward: float                 # in [0, 1]
-    correct: float                # what the length-bias monitor holds fixed
+    correct: float | None         # what the length-bias monitor holds fixed (None: unread verdict)
     scorer: str                   # "verifier" | "genrm" | "custom"
     verdict: int | None = None    # GenRM only: the judge's verdict (None = unreadable or no reference)
     status: str = ""              # GenRM only: the decision's status ("consistent", "rule", "unparseable", ...)
@@ -80,6 +82,7 @@ class RewardCounters:
     genrm_position_disagreement: int = 0
     genrm_rule_decided: int = 0
     genrm_no_reference: int = 0
+    genrm_unread: int = 0          # unparseable or without a reference: paid as a tie, correctness unknown
     genrm_length_corrected: int = 0
     judge_calls: int = 0
     length_correction_slope: float = 0.0      # the calibration in force (0: none)
@@ -106,6 +109,7 @@ class RewardCounters:
                 "genrm_position_disagreement_fraction": self.genrm_position_disagreement / n if n else 0.0,
                 "genrm_rule_decided_fraction": self.genrm_rule_decided / n if n else 0.0,
                 "genrm_no_reference": float(self.genrm_no_reference),
+                "genrm_unread_fraction": self.genrm_unread / n if n else 0.0,
                 "genrm_judge_calls": float(self.judge_calls),
                 "genrm_length_corrected": float(self.genrm_length_corrected),
                 "genrm_length_correction_slope": self.length_correction_slope,
@@ -271,6 +275,7 @@ class DomainReward:
                     counters.genrm_unparseable += s.status == "unparseable"
                     counters.genrm_position_disagreement += s.status == "position_disagreement"
                     counters.genrm_rule_decided += s.status == "rule"
+                    counters.genrm_unread += s.correct is None
         return out  # type: ignore[return-value]
 
     def verify_ahead(self, step: int, rows: list[dict], groups: list[list[Completion]]) -> None:
@@ -322,16 +327,18 @@ class DomainReward:
     def _corrected(self, sample: ScoredSample, length: int, counters: RewardCounters) -> ScoredSample:
         """The judge's reward minus the calibrated length effect (a rule decision is not the judge's)."""
         c = self.calibration
-        if c is None or sample.status == "rule" or (c.groups is not None and sample.correct not in c.groups):
+        if c is None or sample.status == "rule" or sample.correct is None or (
+                c.groups is not None and sample.correct not in c.groups):
             return sample
         counters.genrm_length_corrected += 1
         return replace(sample, reward=float(c.apply([sample.reward], [length], [sample.correct])[0]))
 
     def _genrm_sample(self, verdict: int | None, status: str) -> ScoredSample:
-        # an unreadable verdict (or a prompt without any reference) counts as a tie
-        effective = 0 if verdict is None else verdict
-        return ScoredSample(self.cfg.verdict_rewards[effective], 1.0 if effective >= 0 else 0.0, "genrm",
-                            verdict, status)
+        # an unreadable verdict (or a prompt without any reference) is paid as a tie, and its
+        # correctness is unknown: not "correct", which would put it in the monitor's correct group
+        if verdict is None:
+            return ScoredSample(self.cfg.verdict_rewards[0], None, "genrm", None, status)
+        return ScoredSample(self.cfg.verdict_rewards[verdict], 1.0 if verdict >= 0 else 0.0, "genrm", verdict, status)
 
     def _request(self, row: dict, response: str) -> PairRequest | None:
         reference = self.references.get(row["prompt_id"]) or stored_reference(row, self.cfg.reference_fields)

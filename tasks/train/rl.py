@@ -182,12 +182,14 @@ def _monitor_inputs(seen: list) -> tuple[list[float], list[int], list[float]]:
     """(reward, response length, correctness) of every judged sample drawn in the step.
 
     Verifier-scored samples are left out: their reward is their correctness, so they carry
-    no length signal and would only dilute the statistic and the fitted correction.
+    no length signal and would only dilute the statistic and the fitted correction. So are
+    GenRM samples whose verdict was not read (unparseable, no reference): their correctness
+    is unknown, and the tie they are paid says nothing of their length.
     """
     rewards, lengths, correct = [], [], []
     for _row, completions, scored, _round in seen:
         for c, s in zip(completions, scored):
-            if s.scorer == "verifier":
+            if s.scorer == "verifier" or s.correct is None:
                 continue
             rewards.append(s.reward)
             lengths.append(len(c.token_ids))
