@@ -150,6 +150,26 @@ class Profile:
         return json.loads(json.dumps(self.sections, default=str))
 
 
+# the sections whose stages sample prompts through tasks.scoring.render_prompt
+SCORING_SECTIONS = ("difficulty", "evaluate", "samples")
+
+
+def refuse_raw_prompts(profile: Profile) -> None:
+    """Raise ``ProfileError`` when a profile turns ``use_chat_template`` off in a sampling stage.
+
+    Training renders every prompt with the model's chat template (``tasks.train.encoding``), as
+    do the RL and agent samplers, so difficulty, samples or evaluate sampling bare prompts would
+    measure, filter and pair prompts the model never trains on. No backend here applies a
+    template of its own, so one setting governs every stage: the template."""
+    off = [s for s in SCORING_SECTIONS if profile.raw(s).get("use_chat_template") is False]
+    if off:
+        where = ", ".join(profile.env_names.get((s, "use_chat_template"))
+                          or f"{profile.path / (s + '.yaml') if profile.path else s}: use_chat_template" for s in off)
+        raise ProfileError(f"profile {profile.name!r}: {where} is false, but training always renders the chat "
+                           "template, so these stages would sample prompts the model never trains on; remove "
+                           "the setting")
+
+
 def load_profile(name_or_path: str | Path = "tiny", environ: dict[str, str] | None = None) -> Profile:
     """Load a profile by name (``configs/profiles/<name>``) or from a directory path."""
     candidate = Path(name_or_path)
@@ -169,4 +189,6 @@ def load_profile(name_or_path: str | Path = "tiny", environ: dict[str, str] | No
             raise ProfileError(f"{f}: expected a mapping at the top level")
         sections[f.stem] = data
     sections = _deep_merge(sections, env_overrides(environ))
-    return Profile(path.name, path, sections, env_override_names(environ))
+    profile = Profile(path.name, path, sections, env_override_names(environ))
+    refuse_raw_prompts(profile)
+    return profile

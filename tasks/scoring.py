@@ -40,7 +40,8 @@ class VerifySettings(BaseModel):
     """How sampled answers are prompted for and verified; shared by difficulty and evaluate."""
     model_config = ConfigDict(extra="forbid")
     # the prompt as every stage renders it (tasks.rollout.chat.render_prompt); off: the bare
-    # prompt and its domain instruction, for a backend that applies its own chat template
+    # prompt and its domain instruction, for a test's scripted backend. A profile may not turn
+    # it off (``tasks.profile.refuse_raw_prompts``): its training stages always render the chat template
     use_chat_template: bool = True
     verify_workers: int = Field(2, ge=1, description="parallel code sandboxes")
     sandbox_timeout_s: float = Field(10.0, gt=0)

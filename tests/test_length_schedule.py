@@ -72,6 +72,20 @@ def test_curriculum_mixes_general_tasks_in_later_and_is_deterministic():
         Curriculum([CurriculumPhase(start_step=0, domains={"code": 1.0})], ["logic"]).sample(0, 1)
 
 
+def test_curriculum_settings_that_change_nothing_are_named():
+    """A weighted domain the pool lacks (renormalized away) and a phase that starts after the
+    stage's last step do nothing: ``unused`` names each, and the pool the phases do use is quiet."""
+    phases = [CurriculumPhase(start_step=0, domains={"logic": 1.0, "math": 0.2, "code": 0.0}),
+              CurriculumPhase(start_step=60, domains={"logic": 1.0, "general": 0.1})]
+    cur = Curriculum(phases, ["logic"] * 4, seed=0)
+    assert cur.unused(400) == [
+        "curriculum phase at step 0 weights math, which the RL pool has none of (it has logic): renormalized away",
+        "curriculum phase at step 60 weights general, which the RL pool has none of (it has logic): "
+        "renormalized away"]
+    assert cur.unused(60)[1] == "curriculum phase at step 60 never starts (the stage trains 60 steps)"
+    assert Curriculum(phases, ["logic", "math", "general"], seed=0).unused(400) == []
+
+
 def test_later_phases_raise_each_synthetic_tasks_level_window_and_the_level_mix_shows_it():
     """M1's harder-later: two tasks with levels 0-3 and 2-5 in the pool, three phases over three
     level windows: each phase draws only its window of each task's levels (prompts without a

@@ -88,3 +88,16 @@ def test_a_bad_environment_override_is_named_in_the_error(monkeypatch):
     monkeypatch.setenv("POSTTRAIN__TRAIN__SFT_SHORT__STEPS", "many")   # a wrong value: named too
     with pytest.raises(ProfileError, match="POSTTRAIN__TRAIN__SFT_SHORT__STEPS"):
         load_profile("tiny").section("train", TrainConfig)
+
+
+def test_a_profile_that_samples_bare_prompts_where_training_renders_the_template_is_refused(tmp_path):
+    """Training always renders the chat template, so difficulty, samples or evaluate sampling bare
+    prompts would score prompts the model never trains on: the profile is refused at load, with
+    the file (or the environment variable) and the field named."""
+    (tmp_path / "evaluate.yaml").write_text("use_chat_template: false\n")
+    with pytest.raises(ProfileError, match=r"evaluate\.yaml: use_chat_template is false"):
+        load_profile(tmp_path, environ={})
+    (tmp_path / "evaluate.yaml").write_text("use_chat_template: true\n")
+    assert load_profile(tmp_path, environ={}).raw("evaluate") == {"use_chat_template": True}
+    with pytest.raises(ProfileError, match="POSTTRAIN__DIFFICULTY__USE_CHAT_TEMPLATE"):
+        load_profile("tiny", environ={"POSTTRAIN__DIFFICULTY__USE_CHAT_TEMPLATE": "false"})

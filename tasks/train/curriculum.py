@@ -7,7 +7,8 @@ task's levels it draws from: a task's levels in the pool, easiest first, are cut
 and a phase draws from its ``level_window``. Prompts without a task or level (math, code,
 general) are drawn in every phase. Prompts of a step are drawn by a generator seeded with
 (seed, step, round), so a resumed run draws the same prompts. Domains a phase names but the
-pool lacks are skipped (their weight is renormalized away).
+pool lacks are skipped (their weight is renormalized away); ``unused`` says which they are,
+and which phases start too late to run, so the stage can warn of settings that do nothing.
 """
 from __future__ import annotations
 
@@ -75,6 +76,20 @@ class Curriculum:
                              f"but the RL pool only has {sorted(self.by_domain)}")
         total = sum(present.values())
         return {d: w / total for d, w in present.items()}
+
+    def unused(self, steps: int) -> list[str]:
+        """The phase settings that change nothing in a stage of ``steps`` steps on this pool: a
+        phase that starts at or after the last step, and a weighted domain the pool lacks."""
+        out = []
+        for p in self.phases:
+            if p.start_step >= steps:
+                out.append(f"curriculum phase at step {p.start_step} never starts (the stage trains {steps} steps)")
+                continue
+            absent = sorted(d for d, w in p.domains.items() if w > 0 and d not in self.by_domain)
+            if absent:
+                out.append(f"curriculum phase at step {p.start_step} weights {', '.join(absent)}, which the RL "
+                           f"pool has none of (it has {', '.join(sorted(self.by_domain))}): renormalized away")
+        return out
 
     def levels_at(self, step: int) -> dict[str, list[int]]:
         """Task -> the levels the phase active at ``step`` draws."""

@@ -516,6 +516,8 @@ def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: 
     curriculum = Curriculum(cfg.curriculum, [r["domain"] for r in pool], h.cfg.seed,
                             tasks=[r.get("task") for r in pool], levels=[r.get("level") for r in pool],
                             level_windows=cfg.level_windows)
+    for line in curriculum.unused(cfg.steps):
+        log.warning("rl.curriculum: %s", line)
     schedule = LengthSchedule(cfg.windows, cfg.gates)
     engine = h.create_engine(model, gradient_clipping=schedule.window.gradient_clipping)
     start, state = h.resume(engine)
@@ -600,5 +602,7 @@ def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, cur
     _store_rollouts(h, pending, rewarder, stored)
     return h.finish(engine, tokenizer, {"final_loss": last.get("loss"), "final_reward_mean": last.get("reward_mean"),
                                         "final_window": schedule.window.max_tokens, "prompts": len(pool),
-                                        "length_bias_events": events},
+                                        "length_bias_events": events,
+                                        # phase settings that did nothing here (also logged at the start)
+                                        "curriculum_unused": curriculum.unused(cfg.steps)},
                     curves=("loss", "reward_mean", "response_length_p99", "generation_perplexity", "window"))
