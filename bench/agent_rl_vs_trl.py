@@ -50,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sides import report, run_side
+from sides import print_peers, report, run_side
 
 ENV = "tool_arithmetic"
 SFT_SEED_BASE = 500_000          # the start's demonstrations: seeds neither side trains on nor evaluates
@@ -456,6 +456,8 @@ def main() -> None:
     ap.add_argument("--home", help="where models and tables go (default: a temporary directory)")
     ap.add_argument("--side", choices=("posttrain", "trl"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if not args.side:   # the parent: which peer versions these figures come from
+        print_peers("trl", "transformers", "torch")
     if args.side:
         side_main(args)
         return

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
-from sides import report, run_side
+from sides import print_peers, report, run_side
 
 
 def build_model(args):
@@ -221,6 +221,8 @@ def main() -> None:
     ap.add_argument("--side", choices=("posttrain", "trl"), help=argparse.SUPPRESS)
     ap.add_argument("--rollouts", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if not args.side:   # the parent: which peer versions these figures come from
+        print_peers("trl", "transformers", "torch")
     if args.side:
         side_main(args)
         return

@@ -30,6 +30,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 
+# bench/ is this script's directory, first on sys.path
+from sides import print_peers
+
 
 def make_corpus(n_docs: int, dup_fraction: float, seed: int = 0):
     rng = np.random.default_rng(seed)
@@ -154,6 +157,7 @@ def main() -> None:
                     help="posttrain's confirmation cutoffs on the estimated Jaccard (each is reported)")
     ap.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
     args = ap.parse_args()
+    print_peers("datatrove", "spacy")
     texts, planted = make_corpus(args.docs, args.dup_fraction)
     jac = [exact_jaccard(texts[a], texts[b]) for a, b in planted]
     with tempfile.TemporaryDirectory() as tmp:

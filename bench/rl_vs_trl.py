@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sides import report, run_side
+from sides import print_peers, report, run_side
 
 FAMILIES = ("rg:products", "rg:number_sequence", "rg:chain_sum", "rg:aiw")
 NOT_EQUAL = (
@@ -194,6 +194,8 @@ def main() -> None:
     ap.add_argument("--home", help="where models and tables go (default: a temporary directory)")
     ap.add_argument("--side", choices=("posttrain", "trl"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if not args.side:   # the parent: which peer versions these figures come from
+        print_peers("trl", "transformers", "torch")
     if args.side:
         side_main(args)
         return

@@ -80,8 +80,8 @@ def test_curriculum_settings_that_change_nothing_are_named():
     cur = Curriculum(phases, ["logic"] * 4, seed=0)
     assert cur.unused(400) == [
         "curriculum phase at step 0 weights math, which the RL pool has none of (it has logic): renormalized away",
-        "curriculum phase at step 60 weights general, which the RL pool has none of (it has logic): "
-        "renormalized away"]
+        ("curriculum phase at step 60 weights general, which the RL pool has none of (it has logic): "
+         "renormalized away")]
     assert cur.unused(60)[1] == "curriculum phase at step 60 never starts (the stage trains 60 steps)"
     assert Curriculum(phases, ["logic", "math", "general"], seed=0).unused(400) == []
 
