@@ -117,6 +117,11 @@ def truncated_is_weights(train_logp: torch.Tensor, sampler_logp: torch.Tensor, k
                      "tis_truncated_fraction": masked_mean((ratio > cap).to(ratio.dtype), known).item()}
 
 
+Normalization = Literal["group_token", "sample", "batch_token"]
+# each loss's own normalization, where the stage sets none
+DEFAULT_NORMALIZATION: dict[str, Normalization] = {"cispo": "group_token", "grpo": "sample", "dapo": "batch_token"}
+
+
 def _group_token_mean(per_token: torch.Tensor, mask: torch.Tensor, group_size: int | None) -> torch.Tensor:
     """Sum of each group's counted terms / that group's token count, averaged over groups."""
     mask = mask.to(per_token.dtype)
@@ -127,6 +132,35 @@ def _group_token_mean(per_token: torch.Tensor, mask: torch.Tensor, group_size: i
     sums = (per_token * mask).sum(-1).view(-1, size).sum(-1)
     tokens = mask.sum(-1).view(-1, size).sum(-1).clamp(min=1.0)
     return (sums / tokens).mean()
+
+
+def _sample_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each response's counted terms / its token count, averaged over the responses with tokens."""
+    mask = mask.to(per_token.dtype)
+    tokens = mask.sum(-1)
+    has_tokens = tokens > 0
+    per_response = (per_token * mask).sum(-1) / tokens.clamp(min=1.0)
+    return per_response[has_tokens].sum() / has_tokens.sum().clamp(min=1)
+
+
+def normalized(per_token: torch.Tensor, mask: torch.Tensor, how: Normalization,
+               group_size: int | None = None) -> torch.Tensor:
+    """The objective's per-token terms reduced to a scalar, counting the tokens of ``mask``.
+
+    ``group_token`` (M1 Eq. 4, CISPO's own): each group's summed terms over that group's token
+    count (1 / sum_i |o_i|), groups averaged: a sample-level sum with token-level normalization
+    within the group, so a long response weighs by its tokens and a group of long failures
+    cannot drown its short successes. ``sample`` (GRPO's): each response's token mean, responses
+    averaged: every response weighs the same, its tokens less the longer it runs. ``batch_token``
+    (DAPO's): every counted token of the batch weighs the same.
+    """
+    if how == "group_token":
+        return _group_token_mean(per_token, mask, group_size)
+    if how == "sample":
+        return _sample_mean(per_token, mask)
+    if how == "batch_token":
+        return masked_mean(per_token, mask)
+    raise ValueError(f"unknown policy-loss normalization {how!r}; expected one of {sorted(DEFAULT_NORMALIZATION.values())}")
 
 
 def _ratio_stats(ratio: torch.Tensor, mask: torch.Tensor, low: float, high: float,
@@ -156,32 +190,32 @@ def ppo_clip_terms(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-              eps_low: float = 0.2, eps_high: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
+              eps_low: float = 0.2, eps_high: float = 0.2, normalization: Normalization = "sample",
+              group_size: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """GRPO: token-level PPO clip to [1 - eps_low, 1 + eps_high], mean over each response's
-    tokens, then over responses.
+    tokens, then over responses (``normalization``: another reduction, see ``normalized``).
 
     A token whose ratio left the trust region on the side its advantage pushes towards
     contributes no gradient (the min picks the constant clipped term).
     """
     objective, ratio = ppo_clip_terms(logp, old_logp, advantages, eps_low, eps_high)
-    m = mask.to(objective.dtype)
-    per_response = (objective * m).sum(-1) / m.sum(-1).clamp(min=1.0)
-    has_tokens = m.sum(-1) > 0
-    loss = -per_response[has_tokens].sum() / has_tokens.sum().clamp(min=1)
+    loss = -normalized(objective, mask, normalization, group_size)
     return loss, _ratio_stats(ratio, mask, eps_low, eps_high, logp, old_logp)
 
 
 def dapo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-              eps_low: float = 0.2, eps_high: float = 0.28) -> tuple[torch.Tensor, dict[str, float]]:
+              eps_low: float = 0.2, eps_high: float = 0.28, normalization: Normalization = "batch_token",
+              group_size: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """DAPO: PPO clip with a higher upper bound (clip-higher), mean over every token of the batch."""
     objective, ratio = ppo_clip_terms(logp, old_logp, advantages, eps_low, eps_high)
-    loss = -masked_mean(objective, mask)
+    loss = -normalized(objective, mask, normalization, group_size)
     return loss, _ratio_stats(ratio, mask, eps_low, eps_high, logp, old_logp)
 
 
 def cispo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                eps_low: float = 1.0, eps_high: float = 0.2, group_size: int | None = None,
-               variant: Literal["clip", "mask"] = "clip") -> tuple[torch.Tensor, dict[str, float]]:
+               variant: Literal["clip", "mask"] = "clip",
+               normalization: Normalization = "group_token") -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO (MiniMax-M1 Eq. 4-5): maximize sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi.
 
     The importance weight is clipped and detached, never the token's update itself: every
@@ -193,6 +227,9 @@ def cispo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Ten
     ``variant="mask"`` is Eq. 7: weight sg(r) (unclipped) times a token mask M that zeroes
     tokens with A > 0 and r > 1 + eps_high, or A < 0 and r < 1 - eps_low, i.e. the PPO
     trust region expressed as a mask on the CISPO objective.
+
+    ``normalization`` replaces Eq. 4's per-group token normalization (``normalized``); masked
+    tokens of the mask variant count in every normalizer as zeros.
     """
     ratio = torch.exp(logp - old_logp)
     adv = _broadcast_advantages(advantages, logp)
@@ -204,25 +241,24 @@ def cispo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Ten
         out_low = (adv < 0) & (ratio < 1 - eps_low)
         weight = ratio.detach()
         counted = mask * (~(out_high | out_low)).to(mask.dtype)
-        # the normalizer stays the group's full token count: masked tokens count as zeros
-        per_token = weight * adv * logp * counted.to(logp.dtype)
-        loss = -_group_token_mean(per_token, mask, group_size)
-        return loss, _ratio_stats(ratio, mask, eps_low, eps_high, logp, old_logp)
     else:
         raise ValueError(f"unknown CISPO variant {variant!r}; expected 'clip' or 'mask'")
-    per_token = weight * adv * logp
-    loss = -_group_token_mean(per_token, counted, group_size)
+    # the normalizer stays the full token count: the mask variant's masked tokens count as zeros
+    per_token = weight * adv * logp * counted.to(logp.dtype)
+    loss = -normalized(per_token, mask, normalization, group_size)
     return loss, _ratio_stats(ratio, mask, eps_low, eps_high, logp, old_logp)
 
 
 def policy_loss(name: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, eps_low: float, eps_high: float, group_size: int | None = None,
-                cispo_variant: Literal["clip", "mask"] = "clip") -> tuple[torch.Tensor, dict[str, float]]:
-    """Dispatch by name: ``cispo`` | ``grpo`` | ``dapo``."""
+                cispo_variant: Literal["clip", "mask"] = "clip",
+                normalization: Normalization | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Dispatch by name: ``cispo`` | ``grpo`` | ``dapo``; ``normalization`` None: the loss's own."""
+    how = normalization or DEFAULT_NORMALIZATION.get(name)
     if name == "cispo":
-        return cispo_loss(logp, old_logp, advantages, mask, eps_low, eps_high, group_size, cispo_variant)
+        return cispo_loss(logp, old_logp, advantages, mask, eps_low, eps_high, group_size, cispo_variant, how)
     if name == "grpo":
-        return grpo_loss(logp, old_logp, advantages, mask, eps_low, eps_high)
+        return grpo_loss(logp, old_logp, advantages, mask, eps_low, eps_high, how, group_size)
     if name == "dapo":
-        return dapo_loss(logp, old_logp, advantages, mask, eps_low, eps_high)
+        return dapo_loss(logp, old_logp, advantages, mask, eps_low, eps_high, how, group_size)
     raise ValueError(f"unknown policy loss {name!r}; expected 'cispo', 'grpo' or 'dapo'")

@@ -199,3 +199,72 @@ def test_token_logprobs_fused_path_matches_logits_path():
     logits = model(input_ids=ids, attention_mask=mask).logits
     ref, ref_ent = logprobs.logprobs_from_logits(logits[:, :-1], ids[:, 1:])
     assert torch.allclose(fused, ref, atol=1e-5) and torch.allclose(ent, ref_ent, atol=1e-4)
+
+
+def _reference_policy_loss(name, logp, old, adv, mask, eps_low, eps_high, group_size, how):
+    """The policy objectives written out token by token in plain Python floats (no tensors), as
+    the papers state them: CISPO's sg(clip(r)) * A * log pi, PPO-clip's min(r A, clip(r) A), then
+    reduced by ``how`` over the counted tokens. Returns the loss (minimized)."""
+    rows = len(logp)
+    terms = [[0.0] * len(logp[i]) for i in range(rows)]
+    for i in range(rows):
+        for t in range(len(logp[i])):
+            r = math.exp(logp[i][t] - old[i][t])
+            if name == "cispo":
+                terms[i][t] = min(max(r, 1 - eps_low), 1 + eps_high) * adv[i] * logp[i][t]
+            else:
+                terms[i][t] = min(r * adv[i], min(max(r, 1 - eps_low), 1 + eps_high) * adv[i])
+    counted = [[t for t in range(len(mask[i])) if mask[i][t]] for i in range(rows)]
+    if how == "batch_token":
+        total = sum(terms[i][t] for i in range(rows) for t in counted[i])
+        return -total / sum(len(c) for c in counted)
+    if how == "sample":
+        means = [sum(terms[i][t] for t in counted[i]) / len(counted[i]) for i in range(rows) if counted[i]]
+        return -sum(means) / len(means)
+    group_losses = []
+    for g in range(0, rows, group_size):
+        members = range(g, g + group_size)
+        tokens = sum(len(counted[i]) for i in members)
+        group_losses.append(sum(terms[i][t] for i in members for t in counted[i]) / tokens)
+    return -sum(group_losses) / len(group_losses)
+
+
+@pytest.mark.parametrize("how", ["group_token", "sample", "batch_token"])
+@pytest.mark.parametrize("name", ["cispo", "grpo", "dapo"])
+def test_every_policy_loss_under_every_normalization_matches_the_written_out_formula(name, how):
+    """RL's normalization setting (``rl.normalization``, ``agent.normalization``) on each policy
+    loss: the value equals the token-by-token reference above, and so does the gradient (the
+    reference's, by central differences on each counted token, CISPO's weight held fixed)."""
+    g = torch.Generator().manual_seed(7)
+    rows, width, group_size = 6, 5, 3
+    logp = (-torch.rand(rows, width, generator=g) * 2).double()
+    old = logp + (torch.rand(rows, width, generator=g).double() - 0.5) * 0.8
+    adv = torch.tensor([1.0, -0.5, -0.5, 0.8, 0.2, -1.0], dtype=torch.float64)
+    lengths = [5, 2, 4, 1, 3, 5]    # uneven lengths: the normalizations differ
+    mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths], dtype=torch.float64)
+    eps_low, eps_high = (1.0, 0.2) if name == "cispo" else (0.2, 0.28)
+    x = logp.clone().requires_grad_(True)
+    loss, _ = losses.policy_loss(name, x, old, adv, mask, eps_low, eps_high, group_size=group_size,
+                                 normalization=how)
+    args = (old.tolist(), adv.tolist(), mask.tolist(), eps_low, eps_high, group_size, how)
+    assert loss.item() == pytest.approx(_reference_policy_loss(name, logp.tolist(), *args), abs=1e-12)
+    (grad,) = torch.autograd.grad(loss, x)
+    h = 1e-6
+    for i, n in enumerate(lengths):
+        for t in range(n):
+            up, down = logp.tolist(), logp.tolist()
+            up[i][t] += h
+            down[i][t] -= h
+            if name == "cispo":   # sg(weight): the reference's weight stays at the sampled ratio
+                old_up, old_down = old.tolist(), old.tolist()
+                old_up[i][t] += h
+                old_down[i][t] -= h
+                numeric = (_reference_policy_loss(name, up, old_up, *args[1:])
+                           - _reference_policy_loss(name, down, old_down, *args[1:])) / (2 * h)
+            else:
+                numeric = (_reference_policy_loss(name, up, *args) - _reference_policy_loss(name, down, *args)) / (2 * h)
+            assert grad[i, t].item() == pytest.approx(numeric, abs=1e-6), (i, t)
+    assert torch.all(grad[mask == 0] == 0)
+    if how != losses.DEFAULT_NORMALIZATION[name]:   # a setting that changes the loss
+        own, _ = losses.policy_loss(name, logp, old, adv, mask, eps_low, eps_high, group_size=group_size)
+        assert own.item() != pytest.approx(loss.item(), abs=1e-9)

@@ -96,8 +96,9 @@ def token_advantages(groups: list[list[Trajectory]], cfg) -> tuple[list[float], 
 def sequence_loss(module, samples: list[dict], cfg, trainer_version: int, eps_high: float,
                   max_tokens_per_row: int | None) -> tuple[torch.Tensor, dict]:
     """CISPO over ``samples`` (each: ids, mask, sampler log-probs, per-token advantage and policy
-    version, group), its log-probs from one trie forward; each task group normalized by its own
-    token count, groups averaged (M1's token-level normalization)."""
+    version, group), its log-probs from one trie forward; each task group reduced by the stage's
+    ``normalization`` (CISPO's own: the group's token count, M1's token-level normalization),
+    groups averaged."""
     out = trie_logprobs(module, [s["ids"] for s in samples], max_tokens_per_row=max_tokens_per_row)
     groups: dict[str, list[int]] = {}
     for i, s in enumerate(samples):
@@ -122,7 +123,8 @@ def sequence_loss(module, samples: list[dict], cfg, trainer_version: int, eps_hi
         gap_num += float(((logp.detach() - old).abs() * mask * fresh).sum())
         gap_den += float((mask * fresh).sum())
         behaviour = torch.where(fresh, logp.detach(), old)
-        loss, stats = policy_loss(cfg.loss, logp, behaviour, adv, mask, cfg.eps_low, eps_high)
+        loss, stats = policy_loss(cfg.loss, logp, behaviour, adv, mask, cfg.eps_low, eps_high,
+                                  normalization=cfg.normalization)
         losses.append(loss)
         for k, v in stats.items():
             stats_sum[k] = stats_sum.get(k, 0.0) + v / len(groups)

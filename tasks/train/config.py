@@ -179,9 +179,18 @@ class RolloutEngineConfig(_Strict):
     restarts: int = Field(1, ge=0, description="times a dead engine is restarted (with the current weights) in a stage")
 
 
+# how a policy loss reduces its per-token terms (model.losses.normalized); None: the loss's own
+# (cispo: group_token, M1 Eq. 4; grpo: sample; dapo: batch_token)
+POLICY_NORMALIZATION = Field(
+    None, description="group_token: each group's summed terms over its token count, groups averaged (M1); "
+                      "sample: each response's token mean, responses averaged (GRPO); batch_token: every "
+                      "token of the batch alike (DAPO); none: the loss's own")
+
+
 class RLStageConfig(StageCommon):
     loss: Literal["cispo", "grpo", "dapo"] = "cispo"
     cispo_variant: Literal["clip", "mask"] = "clip"
+    normalization: Literal["group_token", "sample", "batch_token"] | None = POLICY_NORMALIZATION
     prompts_per_step: int = Field(32, ge=1)
     group_size: int = Field(16, ge=2)
     # M1: several off-policy updates per generation batch; each minibatch is one optimizer step
@@ -273,6 +282,7 @@ class AgentStageConfig(StageCommon):
     environments: list[AgentEnvironment] = Field(
         default_factory=list, description="the environments trained on; none: the stage is not trained")
     loss: Literal["cispo", "grpo", "dapo"] = "cispo"
+    normalization: Literal["group_token", "sample", "batch_token"] | None = POLICY_NORMALIZATION
     eps_low: float = Field(1.0, gt=0)
     eps_high: float = Field(0.2, gt=0)
     group_size: int = Field(8, ge=2, description="trajectories per task (the group its advantage compares)")

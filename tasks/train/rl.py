@@ -312,7 +312,8 @@ def _minibatch_step(engine, cfg, tensors: dict, rows: list[int], micro_batches: 
 
     def loss_of(logp: torch.Tensor):
         return policy_loss(cfg.loss, logp, old, adv, mask, cfg.eps_low, eps_high,
-                           group_size=cfg.group_size, cispo_variant=cfg.cispo_variant)
+                           group_size=cfg.group_size, cispo_variant=cfg.cispo_variant,
+                           normalization=cfg.normalization)
 
     logp_change, entropy_seen, norm, saved = torch.zeros_like(old), torch.zeros_like(old), None, 0
     own = max(1, sum(1 for micro in micro_batches if micro))
