@@ -21,7 +21,7 @@ from tasks.genrm.config import LengthBiasConfig
 from tasks.genrm.length_bias import EVENT_TAG, LengthCorrection
 from tasks.genrm.references import current_references
 from tasks.rollout.base import Completion
-from tasks.train.config import CurriculumPhase, GenRMRewardConfig, TrainConfig
+from tasks.train.config import CurriculumPhase, FormatRewardConfig, GenRMRewardConfig, TrainConfig
 from tasks.train.genrm_reward import (
     DomainReward,
     RewardCounters,
@@ -131,6 +131,32 @@ def test_unread_verdicts_stay_out_of_the_length_bias_monitor_and_its_correction(
     assert corrected[0][1].reward == scored[0][1].reward          # unreadable: left alone
     assert corrected[1][0].reward == scored[1][0].reward          # no reference: left alone
     assert counters.genrm_length_corrected == 1 and counters.genrm_unread == 2
+
+
+def test_a_right_answer_out_of_format_scores_below_the_same_answer_in_format():
+    """M1's format reward: math asks for \\boxed{}, logic for <answer> tags. The verifiers accept a
+    right answer in either wrapper, so without the format reward both score 1; with it, the one
+    out of format keeps ``out_of_format_scale`` of its reward, its correctness stays the
+    verifier's, and the counters say how often the format cost a right answer."""
+    rows = [pool_row("m1", "math", "What is 2 + 3?", {"id": "m1", "answer": "5"}),
+            pool_row("l1", "logic", "Is the sky blue? Answer yes or no.", {"id": "l1", "answer": "yes"})]
+    groups = groups_for([["so \\boxed{5}", "<answer>5</answer>", "\\boxed{6}"],
+                         ["<answer>yes</answer>", "\\boxed{yes}", "<answer>no</answer>"]])
+    plain = DomainReward(GenRMRewardConfig(enabled=False)).score(rows, groups, RewardCounters())
+    assert [[s.reward for s in g] for g in plain] == [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]
+
+    counters = RewardCounters()
+    shaped = DomainReward(GenRMRewardConfig(enabled=False),
+                          format=FormatRewardConfig(enabled=True, out_of_format_scale=0.25)).score(rows, groups, counters)
+    assert [[(s.reward, s.correct, s.in_format) for s in g] for g in shaped] == [
+        [(1.0, 1.0, True), (0.25, 1.0, False), (0.0, 0.0, True)],
+        [(1.0, 1.0, True), (0.25, 1.0, False), (0.0, 0.0, True)]]
+    m = counters.metrics()
+    assert m["format_miss_fraction"] == pytest.approx(2 / 6) and m["format_cost_correct_fraction"] == pytest.approx(2 / 6)
+    # M1's strict form: right and in format, or nothing; a domain left out of `domains` is not checked
+    strict = DomainReward(GenRMRewardConfig(enabled=False), format=FormatRewardConfig(enabled=True, domains=["math"]))
+    scored = strict.score(rows, groups, RewardCounters())
+    assert [s.reward for s in scored[0]] == [1.0, 0.0, 0.0] and [s.reward for s in scored[1]] == [1.0, 1.0, 0.0]
 
 
 def test_verdicts_decided_ahead_are_the_rewards_and_are_not_decided_again(monkeypatch):
@@ -367,3 +393,16 @@ def test_the_rl_stage_runs_the_judge_checkpoint_it_was_handed(wh, monkeypatch):
         h = StageHarness(job)
         rl.make_rewarder(h, rl.load_pool(h), None, None)
         assert built[-1] == want
+
+
+def test_the_format_each_domain_asks_for():
+    """in_format reads what follows the last </think>, as the answer extractors do."""
+    from tasks.verify.registry import in_format
+
+    fence = "```python\ndef f():\n    return 1\n```"
+    assert in_format("math", "<think>maybe \\boxed{4}</think> it is 5") is False
+    assert in_format("math", "<think>hm</think> \\boxed{5}") is True
+    assert in_format("logic", "<answer>yes</answer>") and not in_format("logic", "yes")
+    assert in_format("code", f"Here:\n{fence}") and not in_format("code", f"{fence}\n{fence}")
+    assert not in_format("code", "def f():\n    return 1")
+    assert in_format("general", "anything") is None and in_format("instruction", "") is None

@@ -187,6 +187,18 @@ POLICY_NORMALIZATION = Field(
                       "token of the batch alike (DAPO); none: the loss's own")
 
 
+class FormatRewardConfig(_Strict):
+    """M1's format reward: a rule-verified answer earns its reward only when it is also given in
+    the format its domain's instruction asks for (``tasks.verify.registry.in_format``: math in
+    \\boxed{}, logic in <answer> tags, code in one ```python block); a right answer out of format
+    earns ``out_of_format_scale`` of it. The verifier's correctness (what the length-bias monitor
+    holds fixed) is unchanged."""
+    enabled: bool = False
+    domains: list[str] = Field(default_factory=lambda: ["math", "logic", "code"])
+    out_of_format_scale: float = Field(0.0, ge=0, le=1, description="share of the reward a right answer out of "
+                                                                     "format keeps (M1: 0, right and in format)")
+
+
 class RLStageConfig(StageCommon):
     loss: Literal["cispo", "grpo", "dapo"] = "cispo"
     cispo_variant: Literal["clip", "mask"] = "clip"
@@ -230,6 +242,7 @@ class RLStageConfig(StageCommon):
         2, ge=1, description="threads verifying a sampling round's responses on rank 0 (math answers decided in "
                              "worker processes, one per thread; code in one sandbox per thread)")
     genrm: GenRMRewardConfig = Field(default_factory=GenRMRewardConfig)
+    format_reward: FormatRewardConfig = Field(default_factory=FormatRewardConfig)
     # does the reward follow response length at fixed correctness? (events -> recalibration)
     length_bias: LengthBiasConfig = Field(default_factory=LengthBiasConfig)
 

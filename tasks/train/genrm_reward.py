@@ -14,6 +14,11 @@ All GenRM samples of a sampling round go to the judge in one ``compare`` call. E
 scored sample also carries its *correctness* for the length-bias monitor: the verifier's
 for rule-scored samples, ``verdict >= 0`` for GenRM samples the judge read (None: unread).
 
+With ``format`` (M1's format reward) a rule-scored answer keeps its reward only in the format
+its domain asks for (``tasks.verify.registry.in_format``), else ``out_of_format_scale`` of it;
+its correctness stays the verifier's, and the counters say how often the format cost a right
+answer.
+
 Each rule-scored sample is verified exactly once (one sandbox run for code): its reward
 and its correctness come from that one result. A row the verifier cannot score (broken
 metadata, unknown task, a crashing verifier) still scores 0, but is counted per domain
@@ -43,8 +48,8 @@ from tasks.genrm.length_bias import (
 )
 from tasks.genrm.references import judgment_rows
 from tasks.rollout.base import Completion, RolloutBackend
-from tasks.train.config import GenRMRewardConfig
-from tasks.verify.registry import verify, verify_with_error
+from tasks.train.config import FormatRewardConfig, GenRMRewardConfig
+from tasks.verify.registry import in_format, verify, verify_with_error
 
 log = logging.getLogger("posttrain.train.rl")
 
@@ -72,6 +77,7 @@ class ScoredSample:
     scorer: str                   # "verifier" | "genrm" | "custom"
     verdict: int | None = None    # GenRM only: the judge's verdict (None = unreadable or no reference)
     status: str = ""              # GenRM only: the decision's status ("consistent", "rule", "unparseable", ...)
+    in_format: bool | None = None  # verifier only, with the format reward on: the answer's format was the asked one
 
 
 @dataclass
@@ -89,6 +95,9 @@ class RewardCounters:
     verified: dict[str, int] = field(default_factory=dict)        # verifier calls by domain
     verify_errors: dict[str, int] = field(default_factory=dict)   # ... that could not score the row
     first_verify_error: str | None = None
+    format_checked: int = 0        # rule-scored samples whose format the format reward checked
+    format_missed: int = 0         # ... not in the asked format
+    format_cost_correct: int = 0   # ... of them right: the reward the format took away
 
     def count_verification(self, domain: str, error: str | None) -> bool:
         """Count one verifier call; True for the step's first error (the one worth a log line)."""
@@ -114,6 +123,9 @@ class RewardCounters:
                 "genrm_length_corrected": float(self.genrm_length_corrected),
                 "genrm_length_correction_slope": self.length_correction_slope,
                 "verify_error_fraction": errors / verified if verified else 0.0,
+                **({"format_miss_fraction": self.format_missed / self.format_checked,
+                    "format_cost_correct_fraction": self.format_cost_correct / self.format_checked}
+                   if self.format_checked else {}),
                 **{f"verify_errors.{d}": float(k) for d, k in sorted(self.verify_errors.items())}}
 
 
@@ -173,6 +185,7 @@ class DomainReward:
     home: str | None = None
     calibration: LengthCorrection | None = None
     verify_workers: int = 1
+    format: FormatRewardConfig | None = None   # the format reward (None or disabled: off)
     _backend: RolloutBackend | None = field(default=None, init=False, repr=False)
     _calibration_snapshot: str | None = field(default=None, init=False, repr=False)
     _calibrations_pin: tuple[Any] | None = field(default=None, init=False, repr=False)   # (TableRef | None,)
@@ -322,7 +335,16 @@ class DomainReward:
         correct = 1.0 if score >= 0.5 else 0.0
         if self.custom is not None:
             return ScoredSample(clip_reward(self.custom(row, c.text, list(c.token_ids))), correct, "custom")
-        return ScoredSample(clip_reward(score), correct, "verifier")
+        fmt = self.format
+        shaped = in_format(row["domain"], c.text) if fmt and fmt.enabled and row["domain"] in fmt.domains else None
+        if shaped is None:
+            return ScoredSample(clip_reward(score), correct, "verifier")
+        counters.format_checked += 1
+        if not shaped:
+            counters.format_missed += 1
+            counters.format_cost_correct += correct > 0
+            score *= fmt.out_of_format_scale
+        return ScoredSample(clip_reward(score), correct, "verifier", in_format=shaped)
 
     def _corrected(self, sample: ScoredSample, length: int, counters: RewardCounters) -> ScoredSample:
         """The judge's reward minus the calibrated length effect (a rule decision is not the judge's)."""

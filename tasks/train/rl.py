@@ -485,7 +485,7 @@ def make_rewarder(h: StageHarness, pool: list[dict], reward_fn: RewardFn | None,
     rewarder = DomainReward(cfg, references, judge_backend or judge_backend_factory(judge_rollout, h.job.home),
                             seed=h.cfg.seed, custom=reward_fn, run_id=h.job.mlflow_run_id,
                             rollout_prefix=f"rl:{h.job.run_name}", home=h.job.home,
-                            verify_workers=h.stage_cfg.verify_workers)
+                            verify_workers=h.stage_cfg.verify_workers, format=h.stage_cfg.format_reward)
     rewarder.pin_calibrations(handed_ref(h, "judge_calibrations"))
     return rewarder
 

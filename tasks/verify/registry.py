@@ -9,9 +9,11 @@ row cannot crash a batch and the caller can still count it. ``verify`` drops the
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
+from tasks.synth.base import extract_answer, last_boxed
 from tasks.verify.code import verify_code
 from tasks.verify.math import extract_final_answer, math_equal, verify_math
 from tasks.verify.sandbox import SandboxLimits
@@ -93,6 +95,31 @@ VERIFIERS: dict[str, Callable[[dict, str, SandboxLimits | None], float]] = {
     "code": _code,
     "logic": _logic,
 }
+
+
+_PYTHON_FENCE = re.compile(r"```python[^\n]*\n.*?```", re.DOTALL)
+
+
+def _after_thinking(response: str) -> str:
+    return response.rsplit("</think>", 1)[-1]
+
+
+# does a response deliver its answer the way its domain's instruction asks (tasks.rollout.chat)?
+# math: in \boxed{}; logic: inside <answer></answer> (every logic prompt asks for the tags);
+# code: in exactly one closed ```python block. Read after the last </think>, as the extractors do.
+FORMATS: dict[str, Callable[[str], bool]] = {
+    "math": lambda r: last_boxed(_after_thinking(r)) is not None,
+    "logic": lambda r: extract_answer(r) is not None,
+    "code": lambda r: len(_PYTHON_FENCE.findall(_after_thinking(r))) == 1,
+}
+
+
+def in_format(domain: str, response: str) -> bool | None:
+    """Whether ``response`` gives its answer in the format its domain asks for; None for a domain
+    that asks for none (open prompts, whose answer is the whole response). A lenient verifier may
+    still find a right answer outside it (the last number of an untagged reasoning-gym answer)."""
+    check = FORMATS.get(domain)
+    return None if check is None else bool(check(response if isinstance(response, str) else ""))
 
 
 def verify_strict(domain: str, row: dict, response: str, limits: SandboxLimits | None = None) -> float:
