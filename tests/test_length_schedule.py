@@ -121,3 +121,46 @@ def test_later_phases_raise_each_synthetic_tasks_level_window_and_the_level_mix_
     assert flat.levels_at(0) == {"cipher": [2, 3, 4, 5], "sudoku": [0, 1, 2, 3]}
     with pytest.raises(ValueError, match="level_window must be below"):
         RLStageConfig(curriculum=[{"start_step": 0, "domains": {"logic": 1.0}, "level_window": 1}])
+
+
+def test_the_window_refresh_drops_what_the_last_window_solved_and_moves_to_harder_levels():
+    """M1's per-window refresh: prompts solved at every one of at least ``min_samples`` samples
+    leave the pool at the advance (open prompts never), every phase moves up a level window, the
+    metrics give the drop and the new mix, and the state survives a resume."""
+    from types import SimpleNamespace
+
+    from tasks.train.config import WindowRefreshConfig
+    from tasks.train.curriculum import WindowRefresh
+
+    pool = ([{"prompt_id": f"a{lv}-{k}", "domain": "logic", "task": "a", "level": lv} for lv in range(4) for k in range(2)]
+            + [{"prompt_id": "open", "domain": "general", "task": None, "level": None}])
+    phases = [CurriculumPhase(start_step=0, domains={"logic": 1.0, "general": 0.1})]
+
+    def curriculum():
+        return Curriculum(phases, [r["domain"] for r in pool], seed=0, tasks=[r["task"] for r in pool],
+                          levels=[r["level"] for r in pool], level_windows=2)
+
+    def seen(prompt_id, verdicts, scorer="verifier"):
+        row = next(r for r in pool if r["prompt_id"] == prompt_id)
+        return (row, [None] * len(verdicts), [SimpleNamespace(scorer=scorer, correct=v) for v in verdicts], 0)
+
+    cur = curriculum()
+    refresh = WindowRefresh(WindowRefreshConfig(enabled=True, min_samples=4, level_window_step=1), pool, cur)
+    assert {pool[i]["level"] for i in cur.sample(0, 200) if pool[i]["task"]} == {0, 1}
+    refresh.observe([seen("a0-0", [1.0] * 4), seen("a0-1", [1.0] * 3),            # too few samples
+                     seen("a1-0", [1.0, 1.0, 0.0, 1.0]), seen("open", [None] * 4, "genrm")])
+    refresh.observe([seen("a0-1", [0.0])])                                        # now 4, one wrong
+    state = refresh.state_dict()
+    metrics = refresh.advance()
+    assert cur.dropped == {0} and metrics["refresh_solved"] == 1 and metrics["refresh_dropped"] == 1
+    assert metrics["refresh_pool"] == 8 and metrics["refresh_level_offset"] == 1
+    assert metrics["refresh_domain_share/general"] == pytest.approx(1 / 8)
+    assert metrics["refresh_level_mean"] == pytest.approx((0 + 2 * 1 + 2 * 2 + 2 * 3) / 7)
+    drawn = cur.sample(1, 200)
+    assert 0 not in drawn and {pool[i]["level"] for i in drawn if pool[i]["task"]} == {2, 3}
+    # a resumed stage: the same tallies give the same drop
+    again = WindowRefresh(WindowRefreshConfig(enabled=True, min_samples=4, level_window_step=1), pool, curriculum())
+    again.load_state_dict(state)
+    assert again.advance() == metrics and again.curriculum.sample(1, 50) == cur.sample(1, 50)
+    # a domain is never emptied: its last prompt stays however solved
+    assert cur.drop({8}) == set() and cur.remaining()[-1] == 8

@@ -24,6 +24,7 @@ def test_cispo_raises_mean_reward_on_an_easy_reward(wh):
                         {"max_tokens": 3, "eps_high": 0.18, "gradient_clipping": 0.8}],
             "gates": {"ppl_patience": 2, "ppl_tolerance": 10.0, "p99_fraction": 0.5, "min_steps_per_window": 4},
             "curriculum": [{"start_step": 0, "domains": {"logic": 1.0}}],
+            "window_refresh": {"enabled": True, "min_samples": 8},
             "repetition_window": None, "max_sampling_rounds": 2})
     sft_job = seeded_sft_job(wh, cfg)
     refs = {r["name"]: f"{r['name']}@{r['snapshot']}" for r in wh.tables().iter_rows(named=True)}
@@ -47,6 +48,11 @@ def test_cispo_raises_mean_reward_on_an_easy_reward(wh):
     # the schedule stepped up once its gates passed, lowering the clip threshold
     assert curve[-1]["window"] == 3 and curve[-1]["gradient_clipping"] == 0.8
     assert result["final_window"] == 3
+    # the per-window refresh ran once, at the advance: the tiny model solves no logic prompt at
+    # every sample (the verifiers', not the custom reward's, correctness), so none is dropped
+    advanced = [r for r in curve if "refresh_dropped" in r]
+    assert len(advanced) == 1 and advanced[0]["refresh_dropped"] == 0
+    assert advanced[0]["refresh_pool"] == result["prompts"] and advanced[0]["refresh_domain_share/logic"] == 1.0
     rollouts = wh.read("rl_rollouts")
     assert rollouts.height == sum(int(r["groups_sampled"]) for r in curve) * 8
     assert set(rollouts["source_table"]) == {"rl_prompts"}

@@ -199,6 +199,15 @@ class FormatRewardConfig(_Strict):
                                                                      "format keeps (M1: 0, right and in format)")
 
 
+class WindowRefreshConfig(_Strict):
+    """M1's per-window data refresh (``tasks.train.curriculum.WindowRefresh``): at each length
+    window the stage advances to, drop the prompts the last window solved at every sample."""
+    enabled: bool = False
+    min_samples: int = Field(4, ge=1, description="samples a prompt needs in the window to count as solved")
+    level_window_step: int = Field(0, ge=0, description="level windows every curriculum phase moves up at each "
+                                                        "advance (harder synthetic levels; the last window caps it)")
+
+
 class RLStageConfig(StageCommon):
     loss: Literal["cispo", "grpo", "dapo"] = "cispo"
     cispo_variant: Literal["clip", "mask"] = "clip"
@@ -243,6 +252,7 @@ class RLStageConfig(StageCommon):
                              "worker processes, one per thread; code in one sandbox per thread)")
     genrm: GenRMRewardConfig = Field(default_factory=GenRMRewardConfig)
     format_reward: FormatRewardConfig = Field(default_factory=FormatRewardConfig)
+    window_refresh: WindowRefreshConfig = Field(default_factory=WindowRefreshConfig)
     # does the reward follow response length at fixed correctness? (events -> recalibration)
     length_bias: LengthBiasConfig = Field(default_factory=LengthBiasConfig)
 

@@ -52,6 +52,8 @@ class Curriculum:
         if not self.by_domain:
             raise ValueError("the RL pool is empty")
         self.windows = level_windows_of(self.tasks, self.levels, level_windows)
+        self.level_offset = 0            # windows the per-window refresh moved every phase up by
+        self.dropped: set[int] = set()   # pool indices the per-window refresh took out
         # per window: domain -> the pool indices it may draw (rows without a task or level always)
         self._eligible: list[dict[str, list[int]]] = []
         for chosen in self.windows:
@@ -64,8 +66,25 @@ class Curriculum:
     def phase_index(self, step: int) -> int:
         return max(i for i, p in enumerate(self.phases) if p.start_step <= step)
 
+    def _window_at(self, step: int) -> int:
+        return min(self.phases[self.phase_index(step)].level_window + self.level_offset, len(self.windows) - 1)
+
     def _pools(self, step: int) -> dict[str, list[int]]:
-        return self._eligible[self.phases[self.phase_index(step)].level_window]
+        return {d: [i for i in idx if i not in self.dropped] for d, idx in self._eligible[self._window_at(step)].items()}
+
+    def drop(self, indices: set[int]) -> set[int]:
+        """Take pool ``indices`` out of every later draw; the pool keeps at least one prompt per
+        domain it has, so a phase's weights still mean what they say. Returns those dropped."""
+        dropped = set()
+        for idx in self.by_domain.values():
+            left = [i for i in idx if i not in self.dropped]
+            going = [i for i in left if i in indices]
+            dropped |= set(going[:len(going) - (len(going) == len(left))])
+        self.dropped |= dropped
+        return dropped
+
+    def remaining(self) -> list[int]:
+        return sorted(i for idx in self.by_domain.values() for i in idx if i not in self.dropped)
 
     def weights(self, step: int) -> dict[str, float]:
         """Domain weights of the phase active at ``step``, over the domains the pool has."""
@@ -93,7 +112,7 @@ class Curriculum:
 
     def levels_at(self, step: int) -> dict[str, list[int]]:
         """Task -> the levels the phase active at ``step`` draws."""
-        return {t: sorted(v) for t, v in sorted(self.windows[self.phases[self.phase_index(step)].level_window].items())}
+        return {t: sorted(v) for t, v in sorted(self.windows[self._window_at(step)].items())}
 
     def sample(self, step: int, n: int, round_: int = 0) -> list[int]:
         """``n`` pool indices for ``step``: a domain by weight, then a prompt of that domain (a
@@ -114,3 +133,49 @@ def level_mix(rows: list[dict]) -> dict[str, float]:
     counts = Counter(levels)
     return {"level_mean": sum(levels) / len(levels),
             **{f"level_share/{k}": counts[k] / len(levels) for k in sorted(counts)}}
+
+
+class WindowRefresh:
+    """M1's data refresh at each length window: when RL advances to a longer window, the prompts
+    the previous window's policy solved at every sample (at least ``min_samples`` of them, all
+    verifier-correct) leave the pool, and every curriculum phase moves ``level_window_step``
+    level windows up (harder synthetic levels). Open-domain prompts have no checkable solve and
+    are never dropped. The per-prompt tallies and the drops ride in the stage's checkpoints."""
+
+    def __init__(self, cfg, pool: list[dict], curriculum: Curriculum):
+        self.cfg, self.pool, self.curriculum = cfg, pool, curriculum
+        self.index = {r["prompt_id"]: i for i, r in enumerate(pool)}
+        self.tally: dict[int, list[int]] = {}   # pool index -> [samples, correct] in this window
+
+    def observe(self, seen: list) -> None:
+        for row, _completions, scored, _round in seen:
+            i = self.index[row["prompt_id"]]
+            for s in scored:
+                if s.scorer == "genrm" or s.correct is None:   # no checkable solve
+                    continue
+                counts = self.tally.setdefault(i, [0, 0])
+                counts[0] += 1
+                counts[1] += s.correct == 1.0
+
+    def advance(self) -> dict[str, float]:
+        """The window advanced: drop the solved prompts, shift the levels; the refresh's metrics."""
+        solved = {i for i, (n, k) in self.tally.items() if n >= self.cfg.min_samples and k == n}
+        dropped = self.curriculum.drop(solved)
+        self.curriculum.level_offset += self.cfg.level_window_step
+        self.tally = {}
+        left = [self.pool[i] for i in self.curriculum.remaining()]
+        shares = Counter(r["domain"] for r in left)
+        return {"refresh_solved": float(len(solved)), "refresh_dropped": float(len(dropped)),
+                "refresh_pool": float(len(left)), "refresh_level_offset": float(self.curriculum.level_offset),
+                **{f"refresh_domain_share/{d}": n / len(left) for d, n in sorted(shares.items())},
+                **{f"refresh_{k}": v for k, v in level_mix(left).items()}}
+
+    def state_dict(self) -> dict:
+        return {"tally": {str(i): c for i, c in self.tally.items()}, "dropped": sorted(self.curriculum.dropped),
+                "level_offset": self.curriculum.level_offset}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state:
+            self.tally = {int(i): list(c) for i, c in state["tally"].items()}
+            self.curriculum.dropped = set(state["dropped"])
+            self.curriculum.level_offset = int(state["level_offset"])

@@ -40,7 +40,7 @@ from tasks.genrm.length_bias import LengthBiasMonitor, LengthCorrection
 from tasks.genrm.references import current_references
 from tasks.rollout.base import RolloutBackend, SamplingParams
 from tasks.rollout.config import RolloutConfig
-from tasks.train.curriculum import Curriculum, level_mix
+from tasks.train.curriculum import Curriculum, WindowRefresh, level_mix
 from tasks.train.encoding import encode_prompt, pad_batch, pad_id_of, prompt_text
 from tasks.train.engine import (
     backward_and_step,
@@ -538,13 +538,17 @@ def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: 
     sampler = make_sampler(h, engine, tokenizer)
     sampler.load_state_dict(state.get("rollouts_ahead"))   # a resumed stage: the batches its checkpoint waited for
     try:
-        return _train_loop(h, engine, tokenizer, sampler, pool, rewarder, curriculum, schedule, monitor, start)
+        refresh = WindowRefresh(cfg.window_refresh, pool, curriculum) if cfg.window_refresh.enabled else None
+        if refresh is not None:
+            refresh.load_state_dict(state.get("window_refresh"))
+        return _train_loop(h, engine, tokenizer, sampler, pool, rewarder, curriculum, schedule, monitor, start,
+                           refresh)
     finally:
         sampler.close()
 
 
 def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, curriculum, schedule, monitor,
-                start: int) -> dict:
+                start: int, refresh: WindowRefresh | None = None) -> dict:
     cfg = h.stage_cfg
     events: list[dict] = []
     pad, prompt_cache, pending, last = pad_id_of(tokenizer), {}, [], {}
@@ -574,8 +578,14 @@ def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, cur
         reading = schedule.observe(stats["generation_perplexity"], stats["response_length_p99"])
         metrics.update(gate_perplexity_converged=float(reading.perplexity_converged),
                        gate_length_near_window=float(reading.length_near_window))
+        if refresh is not None:
+            refresh.observe(seen)
         if reading.advanced:
             set_gradient_clipping(engine, schedule.window.gradient_clipping)
+            if refresh is not None:   # the next window draws from the refreshed pool
+                metrics.update(refresh.advance())
+                log.info("rl step %d: window %d; refresh dropped %d solved prompts, %d left", step,
+                         schedule.window.max_tokens, metrics["refresh_dropped"], metrics["refresh_pool"])
         event = monitor.update(*_monitor_inputs(seen))
         if monitor.history[-1][1] is not None:
             metrics["length_bias_statistic"] = monitor.history[-1][1]
@@ -599,7 +609,8 @@ def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, cur
             h.maybe_checkpoint(engine, step, {"length_schedule": schedule.state_dict(),
                                               "length_bias": monitor.state_dict(),
                                               "length_correction": rewarder.in_stage_correction(),
-                                              "rollouts_ahead": sampler.state_dict()})
+                                              "rollouts_ahead": sampler.state_dict(),
+                                              "window_refresh": refresh.state_dict() if refresh else None})
     _store_rollouts(h, pending, rewarder, stored)
     return h.finish(engine, tokenizer, {"final_loss": last.get("loss"), "final_reward_mean": last.get("reward_mean"),
                                         "final_window": schedule.window.max_tokens, "prompts": len(pool),
