@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -29,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from data_specs.curation import POOL_TABLES
 from data_specs.stages import last_of
+from tasks.cleaning import CleanConfig, clean_reason
 from tasks.genrm.config import OPEN_DOMAINS
 from tasks.rollout.base import RolloutBackend
 from tasks.scoring import (
@@ -42,25 +42,12 @@ from tasks.scoring import (
     score_samples,
 )
 from tasks.tracking import current_run_id, log_counters, log_table, stage_run
-from tasks.verify.code import extract_code
-from tasks.verify.math import extract_final_answer
 from warehouse import TableRef, Warehouse
 
 log = logging.getLogger(__name__)
 
 JOBS = ("teacher", "on_policy")
 OUTPUT_TABLE = {"teacher": "teacher_samples", "on_policy": "rollouts"}
-
-
-class CleanConfig(BaseModel):
-    """What a verified sample must also be to train on (M1 cleans its cold-start data the same way)."""
-    model_config = ConfigDict(extra="forbid")
-    min_reasoning_words: int = Field(
-        4, ge=0, description="words before the final answer (math, logic): a bare answer teaches skipping the reasoning")
-    max_repeated_line_share: float = Field(
-        0.3, ge=0, le=1, description="share of non-empty lines that repeat an earlier line, above which a sample "
-                                     "is repetitive")
-    allow_truncated: bool = Field(False, description="keep samples cut at max_tokens or by the repetition check")
 
 
 class JobSampling(DifficultySampling):
@@ -97,52 +84,6 @@ class SamplesConfig(VerifySettings):
 
 
 # -- cleaning ------------------------------------------------------------------------------------
-
-_ANSWER_TAG = re.compile(r"<answer>", re.IGNORECASE)
-
-
-def reasoning_words(domain: str, text: str) -> int:
-    """Words before the final answer: before the last ``<answer>`` tag or ``\\boxed{``."""
-    cut = max((m.start() for m in _ANSWER_TAG.finditer(text)), default=-1)
-    boxed = text.rfind("\\boxed{")
-    end = cut if cut >= 0 else boxed
-    return len(text[: end if end >= 0 else len(text)].split())
-
-
-def repeated_line_share(text: str) -> float:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if len(lines) < 2:
-        return 0.0
-    return (len(lines) - len(set(lines))) / len(lines)
-
-
-def clean_reason(domain: str, sample: ScoredSample, cfg: CleanConfig, constraints_ok: bool | None = None) -> str | None:
-    """Why a sample does not train (None: it does). Checked in order: verification, finish,
-    repetition, the answer's format, reasoning before the answer."""
-    text = sample.completion.text or ""
-    if not text.strip():
-        return "empty"
-    if domain in OPEN_DOMAINS:
-        if constraints_ok is None:
-            return "unverifiable"
-        if not constraints_ok:
-            return "constraints_failed"
-    elif sample.error:
-        return "verify_error"
-    elif sample.reward < 1.0:
-        return "wrong"
-    if sample.completion.truncated and not cfg.allow_truncated:
-        return "truncated"
-    if repeated_line_share(text) > cfg.max_repeated_line_share:
-        return "repetitive"
-    if domain == "math" and extract_final_answer(text) is None:
-        return "no_answer"
-    if domain == "code" and not extract_code(text)[1]:
-        return "no_code_block"
-    if domain in ("math", "logic") and reasoning_words(domain, text) < cfg.min_reasoning_words:
-        return "no_reasoning"
-    return None
-
 
 # -- the job -------------------------------------------------------------------------------------
 

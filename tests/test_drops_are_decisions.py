@@ -185,3 +185,39 @@ def test_judge_data_drops_are_decisions(built):
     mixed = TrainConfig(data={"judge_examples_per_task": 2, "judge_pairwise_share": 0.0, "judge_in_sft": True})
     _, decisions, _ = build(wh, tokenizer, "sft_data", mixed)
     assert {r for r in decisions.filter(pl.col("reason") == "judge_unused")["row_id"]} == unused
+
+
+def test_gold_worked_solutions_are_cleaned_like_teacher_samples(tmp_path):
+    """A gold worked solution SFT falls back to passes the teacher samples' cleaning: a solution
+    that boxes another answer than the row's (the nonsense algebra of a smol run's sft_data), one
+    that repeats itself, and one with no reasoning before its answer are removed with their
+    reason, counted as decisions; a bare gold answer (no solution) trains as before."""
+    from transformers import AutoTokenizer
+
+    from tasks.rollout.tiny_model import tiny_llama_path
+    from warehouse import Warehouse
+
+    wh = Warehouse(tmp_path)
+    repeated = "\n".join(["Add the two numbers."] * 4 + ["So the sum is \\boxed{4}."])
+    pool = [pool_row("m-good", "math", "What is 2+2?", "4", "Two plus two: count two more from two, \\boxed{4}."),
+            pool_row("m-nonsense", "math", "Find the smallest value.", "4",
+                     "2(a^2+b^2+c^2-(ab+bc+ac)) = (a^2-2ab-b^2)(b^2-2bc-c^2), so the smallest value is \\boxed{-9}."),
+            pool_row("m-repeats", "math", "What is 1+3?", "4", repeated),
+            pool_row("m-terse", "math", "What is 3+1?", "4", "\\boxed{4}"),
+            pool_row("m-bare", "math", "What is 0+4?", "4")]
+    wh.write("sft_pool", pl.DataFrame(pool))
+    wh.write("synthetic_tasks", pl.DataFrame(synthetic_rows("object_counting", 2), infer_schema_length=None))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_path(home=wh.home))
+    cfg = TrainConfig(data={"gold_fallback_domains": ["math", "logic"]})
+    frame, decisions, _ = build(wh, tokenizer, "sft_data", cfg)
+    why = reasons_of(decisions)
+    assert why == {"m-nonsense": ["gold_wrong"], "m-repeats": ["gold_repetitive"], "m-terse": ["gold_no_reasoning"]}
+    kept = dict(zip(frame["source_id"], frame["response"]))
+    assert kept["m-good"] == pool[0]["solution"] and kept["m-bare"] == "The final answer is \\boxed{4}."
+    assert set(kept) == {"m-good", "m-bare", *(r["id"] for r in synthetic_rows("object_counting", 2))}
+    # off: the gold trains unchecked, as before
+    from tasks.train.data import write_training_tables
+
+    refs, _ = write_training_tables(wh, TrainConfig(data={"gold_fallback_domains": ["math", "logic"],
+                                                          "gold_clean": None}), tokenizer, ["sft_data"])
+    assert {"m-nonsense", "m-repeats", "m-terse"} <= set(wh.read_ref(refs["sft_data"])["source_id"])

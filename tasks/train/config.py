@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from data_specs.stages import STAGE_NAMES, TRAIN_STAGES, TrainStage, stages_reading, train_stage
+from tasks.cleaning import CleanConfig
 from tasks.genrm.config import OPEN_DOMAINS, JudgeConfig, LengthBiasConfig
 
 STAGE_ORDER = STAGE_NAMES
@@ -373,6 +374,12 @@ class DataConfig(_Strict):
     gold_fallback: bool = Field(
         True, description="an SFT prompt with no kept teacher sample trains on its stored gold answer (counted as "
                           "response_source gold); off: it is dropped (no_teacher_sample)")
+    gold_clean: CleanConfig | None = Field(
+        default_factory=CleanConfig,
+        description="the cleaning a gold worked solution passes before SFT falls back to it, as a teacher sample "
+                    "does (tasks.cleaning): verified, not repetitive, its answer in the domain's format, reasoning "
+                    "before it; a rejected one is counted as gold_<reason> (a bare gold answer is not checked). "
+                    "None: gold trains unchecked")
     gold_fallback_domains: list[str] | None = Field(
         None, description="the domains whose prompts fall back to gold (None: every domain): e.g. keep math, whose "
                           "stored solutions reason, and drop logic, whose gold is a bare answer")

@@ -27,6 +27,7 @@ import polars as pl
 from data_specs import get_spec
 from data_specs.curation import POOL_TABLES
 from data_specs.stages import TRAINING_TABLES, stages_reading
+from tasks.cleaning import CleanConfig, clean_reason
 from tasks.genrm.config import JUDGE_DOMAIN, OPEN_DOMAINS
 from tasks.train.config import TrainConfig
 from tasks.train.encoding import encode_example, stage_of_length
@@ -144,6 +145,34 @@ def gold_response(domain: str | None, solution: str | None, answer: str | None) 
         return f"{solution}\n<answer>{answer}</answer>" if solution else f"<answer>{answer}</answer>"
     return solution or answer or None
 
+def gold_clean_reason(domain: str, row: dict, response: str, cfg: CleanConfig | None) -> str | None:
+    """Why a gold worked solution may not train (None: it may): the cleaning teacher samples pass
+    (``tasks.cleaning.clean_reason``), after the domain's verifier scored it as a sample, so a
+    stored solution that boxes another answer than the row's is ``wrong``. An open prompt's gold
+    is its reference: only the text checks apply (no rule verifier, no constraints to hold). A
+    row with no solution, only its answer, is not a worked solution: its bare answer trains
+    where ``data.gold_fallback_domains`` lets it (the tiny model learns from exactly those)."""
+    if cfg is None or not str(row.get("solution") or "").strip():
+        return None
+    if domain in OPEN_DOMAINS or domain == JUDGE_DOMAIN:
+        return clean_reason(domain, _GoldSample(_GoldText(response), 1.0, None), cfg, constraints_ok=True)
+    score, error = verify_with_error(domain, row, response)
+    return clean_reason(domain, _GoldSample(_GoldText(response), score, error), cfg)
+
+
+@dataclass
+class _GoldText:     # a stored solution as clean_reason reads a completion: whole, never cut off
+    text: str
+    truncated: bool = False
+
+
+@dataclass
+class _GoldSample:   # ... and as it reads a scored sample
+    completion: _GoldText
+    reward: float
+    error: str | None
+
+
 def _cap_per_task(df: pl.DataFrame, cap: int | None) -> pl.DataFrame:
     """At most ``cap`` rows per task (None: all), by id, grouped by task in the order of each
     task's smallest id."""
@@ -227,10 +256,12 @@ def sft_source_rows(src: Sources, cfg: TrainConfig, report: BuildReport | None =
         fallback = cfg.data.gold_fallback and (cfg.data.gold_fallback_domains is None
                                                or base["domain"] in cfg.data.gold_fallback_domains)
         response = _gold_response(r) if fallback else None
-        if response:
+        rejected = gold_clean_reason(base["domain"], r, response, cfg.data.gold_clean) if response else None
+        if response and rejected is None:
             rows.append({**base, "response": response, "response_source": "gold"})
         elif report is not None:
-            report.remove(pid, decision_stage(src.table), "no_teacher_sample" if not fallback else "no_gold_answer")
+            report.remove(pid, decision_stage(src.table), f"gold_{rejected}" if rejected else
+                          "no_teacher_sample" if not fallback else "no_gold_answer")
     if cfg.data.judge_in_sft:  # the policy learns the GenRM judge's jobs too
         rows += judge_rows(src, cfg, [], report)
     return rows, refs
