@@ -89,5 +89,7 @@ DIFFICULTY = register(TableSpec(
         Column("decision", pl.Utf8, required=True, allowed=DIFFICULTY_DECISIONS),
         Column("model", pl.Utf8, required=True),
         Column("run_id", pl.Utf8),
+        Column("row_key", pl.Utf8, description="digest of what the decision depends on (tasks.difficulty.row_key)"),
+        Column("reused_from", pl.Utf8, description="the run that sampled a decision this run reused (null: sampled here)"),
     ],
 ))

@@ -9,12 +9,22 @@ to SFT never reach RL). The unbiased pass@k is stored beside the rate for report
 Writes ``rollouts`` (every sample with its reward), ``difficulty`` (per prompt: n,
 correct, pass@k, decision) and ``decisions`` (one row per removed prompt: too_easy or
 unsolved). Rows in = rows kept + rows removed.
+
+Incremental per row (``reuse``): each scored row carries a ``row_key``, the digest of what its
+decision depends on (the prompt as rendered for the model, the fields its verifier reads, the
+model's weights, the sampling, its band and the sandbox limits). A row whose key an earlier run already
+decided is not sampled again: this run records that decision again (``reused_from`` names the
+run that sampled it, and a removal is a ``decisions`` row of this run too), so adding 10 prompts
+to a finished home samples exactly those 10.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -75,6 +85,8 @@ class DifficultyConfig(VerifySettings):
     })
     max_rows_per_table: int | None = Field(None, ge=1)
     prompts_per_chunk: int = Field(64, ge=1, description="prompts sent to the backend at once")
+    reuse: bool = Field(True, description="a row an earlier run decided with the same row_key (prompt, verifier "
+                                          "fields, model, sampling, band, sandbox) keeps that decision unsampled")
 
     @model_validator(mode="after")
     def _enough_samples(self) -> DifficultyConfig:
@@ -120,7 +132,41 @@ def rl_side(df: pl.DataFrame) -> pl.DataFrame:
     return df.filter(pl.col("split") == "rl") if "split" in df.columns else df
 
 
-def _process_table(wh, ref, cfg, backend, params, limits, pool, run_id):
+# what a row's verifier reads (tasks.verify.registry), beside its prompt
+_VERIFIED_FIELDS = ("answer", "solution", "tests", "entry_point", "task", "level", "seed", "question", "metadata")
+
+
+def model_identity(model: str) -> str:
+    """What names a model's weights: for a checkpoint directory, its path and each file's size and
+    modification time (a stage trained again on new data rewrites the same path); else the name."""
+    path = Path(model)
+    if not path.is_dir():
+        return model
+    files = sorted((f.relative_to(path).as_posix(), f.stat().st_size, f.stat().st_mtime_ns)
+                   for f in path.rglob("*") if f.is_file())
+    return f"{model}#{hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16]}"
+
+
+def row_key(row: dict, domain: str, rendered: str, model: str, cfg: DifficultyConfig) -> str:
+    """The digest of everything a row's difficulty decision depends on (``model``: its
+    ``model_identity``)."""
+    parts = {"prompt": rendered, "domain": domain, "fields": {f: row.get(f) for f in _VERIFIED_FIELDS},
+             "model": model, "sampling": cfg.sampling.model_dump(), "band": cfg.bands[domain].model_dump(),
+             "sandbox": [cfg.sandbox_timeout_s, cfg.sandbox_memory_mb]}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def decided_rows(wh: Warehouse) -> dict[str, dict]:
+    """row_key -> the newest difficulty row that sampled it (reused rows point at theirs)."""
+    if not wh.exists("difficulty"):
+        return {}
+    df = wh.read("difficulty")
+    if "row_key" not in df.columns:
+        return {}
+    return {r["row_key"]: r for r in df.filter(pl.col("row_key").is_not_null()).iter_rows(named=True)}
+
+
+def _process_table(wh, ref, cfg, backend, params, limits, pool, run_id, decided):
     table = ref.name
     df = rl_side(wh.read(table, ref.snapshot))
     banded = pl.Series([row_domain(r) in cfg.bands for r in df.iter_rows(named=True)], dtype=pl.Boolean)
@@ -138,9 +184,27 @@ def _process_table(wh, ref, cfg, backend, params, limits, pool, run_id):
         if row_domain(r) not in cfg.bands:  # no verifier for it: passed through untouched
             difficulty.append({"prompt_id": row_id(r), "source_table": table, "domain": row_domain(r),
                                "n": 0, "correct": 0, "decision": "unscored", "model": model, "run_id": run_id})
-    for start in range(0, len(scored), cfg.prompts_per_chunk):
-        chunk = scored[start:start + cfg.prompts_per_chunk]
-        prompts = [render_prompt(r, row_domain(r), cfg, backend) for r in chunk]
+    rendered = {row_id(r): render_prompt(r, row_domain(r), cfg, backend) for r in scored}
+    weights = model_identity(model)
+    keys = {row_id(r): row_key(r, row_domain(r), rendered[row_id(r)], weights, cfg) for r in scored}
+    fresh = []
+    for r in scored:
+        pid = row_id(r)
+        before = decided.get(keys[pid]) if cfg.reuse else None
+        if before is None:
+            fresh.append(r)
+            continue
+        difficulty.append({**before, "source_table": table, "run_id": run_id,
+                           "reused_from": before.get("reused_from") or before["run_id"]})
+        if before["decision"] != "keep":
+            decisions.append({"row_id": pid, "stage": STAGE, "decision": "removed", "reason": before["decision"],
+                              "reference_id": f"{table}:pass_rate", "score": before["pass_at_1"], "run_id": run_id})
+    if len(fresh) < len(scored):
+        log.info("difficulty %s: %d of %d prompts decided before with the same key, reused; sampling %d",
+                 table, len(scored) - len(fresh), len(scored), len(fresh))
+    for start in range(0, len(fresh), cfg.prompts_per_chunk):
+        chunk = fresh[start:start + cfg.prompts_per_chunk]
+        prompts = [rendered[row_id(r)] for r in chunk]
         outputs = backend.generate(prompts, params)
         for r, completions in zip(chunk, outputs):
             pid, domain, band = row_id(r), row_domain(r), cfg.bands[row_domain(r)]
@@ -152,12 +216,12 @@ def _process_table(wh, ref, cfg, backend, params, limits, pool, run_id):
                 "prompt_id": pid, "source_table": table, "domain": domain, "n": n, "correct": correct,
                 "k": band.k, "pass_at_k": value, "pass_at_1": pass1, "band_low": band.low,
                 "band_high": band.high, "truncated": sum(s.completion.truncated for s in samples),
-                "decision": decision, "model": model, "run_id": run_id,
+                "decision": decision, "model": model, "run_id": run_id, "row_key": keys[pid],
             })
             if decision != "keep":
                 decisions.append({"row_id": pid, "stage": STAGE, "decision": "removed", "reason": decision,
                                   "reference_id": f"{table}:pass_rate", "score": pass1, "run_id": run_id})
-        log.info("difficulty %s: %d/%d prompts sampled and verified", table, start + len(chunk), len(scored))
+        log.info("difficulty %s: %d/%d prompts sampled and verified", table, start + len(chunk), len(fresh))
     return rollouts, difficulty, decisions
 
 
@@ -186,9 +250,10 @@ def run_difficulty(
         for ref in inputs:
             log_table(ref, context="input")
         all_rollouts, all_difficulty, all_decisions = [], [], []
+        decided = decided_rows(wh) if cfg.reuse else {}
         with ThreadPoolExecutor(max_workers=cfg.verify_workers) as pool:
             for ref in inputs:
-                r, d, x = _process_table(wh, ref, cfg, backend, params, limits, pool, run_id)
+                r, d, x = _process_table(wh, ref, cfg, backend, params, limits, pool, run_id, decided)
                 all_rollouts += r
                 all_difficulty += d
                 all_decisions += x
@@ -203,6 +268,7 @@ def run_difficulty(
         counts = difficulty_df.group_by("decision").len()
         log_counters({row["decision"]: row["len"] for row in counts.to_dicts()}
                      | {"rows_in": len(all_difficulty), "rollouts": len(all_rollouts),
+                        "reused": sum(1 for x in all_difficulty if x.get("reused_from")),
                         "truncated": sum(1 for x in all_rollouts if x["truncated"])}, prefix=STAGE)
         if difficulty_df.height:
             log_figure(pass_rate_histogram(difficulty_df), "plots/difficulty_pass_rates.png")

@@ -130,13 +130,61 @@ def test_difficulty_stage_writes_rollouts_difficulty_and_decisions(wh, backend):
 def test_rerun_appends_and_row_limit_applies(wh, backend):
     wh.write("rl_pool", rl_pool())
     run_difficulty(wh, config(), backend)  # synthetic_tasks is absent here: skipped
-    refs = run_difficulty(wh, config(max_rows_per_table=2), backend)
+    refs = run_difficulty(wh, config(max_rows_per_table=2, reuse=False), backend)
     # the cap samples the rows to score; the open prompt (no band) always passes, unscored, so
     # it can reach RL however many verifiable rows are capped
     assert refs["difficulty"].rows == len(ROWS) + 2 + 1
     assert wh.read("rollouts").height == 6 * 4 + 6 * 2
     second = wh.read("difficulty").tail(3)
     assert (second["decision"] == "unscored").sum() == 1 and "chat1" in second["prompt_id"].to_list()
+
+
+def test_adding_prompts_to_a_decided_pool_samples_exactly_the_new_ones(wh, backend):
+    """Incremental per row: a rerun after 10 prompts joined the pool samples those 10 and reuses
+    every other decision (same row key), recorded again under the new run with the run that
+    sampled it, removals included; a changed model or sampling setting samples everything."""
+    from tasks.difficulty import decided_rows
+
+    wh.write("rl_pool", rl_pool())
+    run_difficulty(wh, config(), backend)
+    first = wh.read("difficulty")
+    added = [{"id": f"add{i}", "source": "test", "domain": "math", "prompt": f"What is {i} + {i}?",
+              "answer": str(2 * i), "tests": None, "metadata": "{}"} for i in range(10)]
+    wh.append("rl_pool", pl.DataFrame([row | POOL_FIELDS | {"cluster_id": row["id"]} for row in added]))
+    before = wh.read("rollouts").height
+    run_difficulty(wh, config(), backend)
+    rollouts = wh.read("rollouts")
+    new_rollouts = rollouts.slice(before)
+    assert sorted(set(new_rollouts["prompt_id"])) == sorted(r["id"] for r in added)
+    assert new_rollouts.height == 10 * 6
+    difficulty = wh.read("difficulty")
+    second = difficulty.filter(pl.col("run_id") == difficulty["run_id"][-1])
+    assert second.height == len(ROWS) + 10            # every row decided in this run, none lost
+    reused = second.filter(pl.col("reused_from").is_not_null())
+    assert sorted(reused["prompt_id"]) == sorted(first.filter(pl.col("decision") != "unscored")["prompt_id"])
+    assert set(reused["reused_from"]) == set(first["run_id"])
+    same = dict(zip(first["prompt_id"], first["decision"]))
+    assert all(same[r["prompt_id"]] == r["decision"] for r in reused.iter_rows(named=True))
+    # the run's removals are its own decisions rows, reused or sampled
+    removed = wh.read("decisions").filter(pl.col("run_id") == second["run_id"][0])
+    assert sorted(removed["row_id"]) == sorted(second.filter(~pl.col("decision").is_in(["keep", "unscored"]))["prompt_id"])
+    # a decision depends on its sampling: another seed decides every scored row again
+    keys = set(decided_rows(wh))
+    run_difficulty(wh, config(sampling=DifficultySampling(n=6, max_tokens=6, temperature=1.0, seed=4,
+                                                         repetition_window=None)), backend)
+    assert wh.read("rollouts").height == rollouts.height + (len(ROWS) - 1 + 10) * 6
+    assert not keys & {r for r in wh.read("difficulty").tail(len(ROWS) + 10)["row_key"].to_list() if r}
+    # and on the model's weights: a checkpoint rewritten at the same path (a stage trained again)
+    # is another model, so its rows are sampled again
+    import os
+    from pathlib import Path
+
+    weights = max(Path(backend.model_name).rglob("*.safetensors"))
+    stat = weights.stat()
+    height = wh.read("rollouts").height
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    run_difficulty(wh, config(), backend)
+    assert wh.read("rollouts").height == height + (len(ROWS) - 1 + 10) * 6
 
 
 def test_band_is_on_the_pass_rate_not_on_pass_at_k(wh, backend):
