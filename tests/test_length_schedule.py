@@ -164,3 +164,44 @@ def test_the_window_refresh_drops_what_the_last_window_solved_and_moves_to_harde
     assert again.advance() == metrics and again.curriculum.sample(1, 50) == cur.sample(1, 50)
     # a domain is never emptied: its last prompt stays however solved
     assert cur.drop({8}) == set() and cur.remaining()[-1] == 8
+
+
+def test_adaptive_levels_follow_each_tasks_pass_rate_on_the_improving_policy():
+    """Every ``every_steps`` steps a task whose RL samples pass above ``raise_above`` moves up a
+    level window and one below ``lower_below`` moves down, each task on its own, within the
+    pool's windows; too few samples move nothing; the state survives a resume."""
+    from types import SimpleNamespace
+
+    from tasks.train.config import AdaptiveLevelsConfig
+    from tasks.train.curriculum import AdaptiveLevels
+
+    pool = [{"prompt_id": f"{t}{lv}", "domain": "logic", "task": t, "level": lv} for t in "ab" for lv in range(4)]
+    cfg = AdaptiveLevelsConfig(enabled=True, every_steps=5, min_samples=4, raise_above=0.7, lower_below=0.2)
+
+    def curriculum():
+        return Curriculum([CurriculumPhase(start_step=0, domains={"logic": 1.0}, level_window=1)],
+                          ["logic"] * len(pool), seed=0, tasks=[r["task"] for r in pool],
+                          levels=[r["level"] for r in pool], level_windows=3)
+
+    def seen(prompt_id, verdicts):
+        row = next(r for r in pool if r["prompt_id"] == prompt_id)
+        return (row, [None] * len(verdicts), [SimpleNamespace(scorer="verifier", correct=v) for v in verdicts], 0)
+
+    cur = curriculum()
+    adaptive = AdaptiveLevels(cfg, pool, cur)
+    start = cur.levels_at(0)
+    assert not adaptive.due(3) and adaptive.due(4)
+    adaptive.observe([seen("a1", [1.0] * 5), seen("b1", [0.0, 0.0, 0.0, 1.0, 0.0, 0.0])])
+    state = adaptive.state_dict()
+    metrics = adaptive.measure(4)
+    assert metrics["adaptive_moves"] == 2 and metrics["adaptive_pass_rate/b"] == pytest.approx(1 / 6)
+    assert metrics["adaptive_window/a"] == 2 and metrics["adaptive_window/b"] == 0
+    after = cur.levels_at(5)
+    assert min(after["a"]) > min(start["a"]) and max(after["b"]) < max(start["b"])
+    assert {pool[i]["level"] for i in cur.sample(5, 200) if pool[i]["task"] == "a"} == set(after["a"])
+    # at the top a task stays; too few samples leave b where it is
+    adaptive.observe([seen("a3", [1.0] * 4), seen("b0", [1.0] * 3)])
+    assert adaptive.measure(9)["adaptive_moves"] == 0 and cur.levels_at(10) == after
+    again = AdaptiveLevels(cfg, pool, curriculum())
+    again.load_state_dict(state)
+    assert again.measure(4) == metrics and again.curriculum.levels_at(5) == after

@@ -25,6 +25,7 @@ def test_cispo_raises_mean_reward_on_an_easy_reward(wh):
             "gates": {"ppl_patience": 2, "ppl_tolerance": 10.0, "p99_fraction": 0.5, "min_steps_per_window": 4},
             "curriculum": [{"start_step": 0, "domains": {"logic": 1.0}}],
             "window_refresh": {"enabled": True, "min_samples": 8},
+            "adaptive_levels": {"enabled": True, "every_steps": 5, "min_samples": 4},
             "repetition_window": None, "max_sampling_rounds": 2})
     sft_job = seeded_sft_job(wh, cfg)
     refs = {r["name"]: f"{r['name']}@{r['snapshot']}" for r in wh.tables().iter_rows(named=True)}
@@ -53,6 +54,9 @@ def test_cispo_raises_mean_reward_on_an_easy_reward(wh):
     advanced = [r for r in curve if "refresh_dropped" in r]
     assert len(advanced) == 1 and advanced[0]["refresh_dropped"] == 0
     assert advanced[0]["refresh_pool"] == result["prompts"] and advanced[0]["refresh_domain_share/logic"] == 1.0
+    # the adaptive levels measured every 5 steps; one level per task in this pool: nothing to move
+    measured = [r["step"] for r in curve if "adaptive_moves" in r]
+    assert measured == [4, 9] and all(r["adaptive_moves"] == 0 for r in curve if "adaptive_moves" in r)
     rollouts = wh.read("rl_rollouts")
     assert rollouts.height == sum(int(r["groups_sampled"]) for r in curve) * 8
     assert set(rollouts["source_table"]) == {"rl_prompts"}

@@ -209,6 +209,17 @@ class WindowRefreshConfig(_Strict):
                                                         "advance (harder synthetic levels; the last window caps it)")
 
 
+class AdaptiveLevelsConfig(_Strict):
+    """Calibration against the improving policy (``tasks.train.curriculum.AdaptiveLevels``): every
+    ``every_steps`` RL steps each synthetic task's pass rate on its own RL samples moves its
+    level window (of ``rl.level_windows``) up or down one."""
+    enabled: bool = False
+    every_steps: int = Field(20, ge=1)
+    min_samples: int = Field(16, ge=1, description="samples of a task since the last measure needed to move it")
+    raise_above: float = Field(0.7, gt=0, le=1, description="a pass rate above this moves the task up a window")
+    lower_below: float = Field(0.05, ge=0, lt=1, description="a pass rate below this moves it down a window")
+
+
 class RLStageConfig(StageCommon):
     loss: Literal["cispo", "grpo", "dapo"] = "cispo"
     cispo_variant: Literal["clip", "mask"] = "clip"
@@ -254,6 +265,7 @@ class RLStageConfig(StageCommon):
     genrm: GenRMRewardConfig = Field(default_factory=GenRMRewardConfig)
     format_reward: FormatRewardConfig = Field(default_factory=FormatRewardConfig)
     window_refresh: WindowRefreshConfig = Field(default_factory=WindowRefreshConfig)
+    adaptive_levels: AdaptiveLevelsConfig = Field(default_factory=AdaptiveLevelsConfig)
     # does the reward follow response length at fixed correctness? (events -> recalibration)
     length_bias: LengthBiasConfig = Field(default_factory=LengthBiasConfig)
 

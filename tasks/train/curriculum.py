@@ -53,24 +53,25 @@ class Curriculum:
             raise ValueError("the RL pool is empty")
         self.windows = level_windows_of(self.tasks, self.levels, level_windows)
         self.level_offset = 0            # windows the per-window refresh moved every phase up by
+        self.task_offset: dict[str, int] = {}   # windows a task's re-measured pass rate moved it by
         self.dropped: set[int] = set()   # pool indices the per-window refresh took out
-        # per window: domain -> the pool indices it may draw (rows without a task or level always)
-        self._eligible: list[dict[str, list[int]]] = []
-        for chosen in self.windows:
-            self._eligible.append({d: [i for i in idx if self._in_window(i, chosen)] for d, idx in self.by_domain.items()})
-
-    def _in_window(self, index: int, chosen: dict[str, set[int]]) -> bool:
-        task, level = self.tasks[index], self.levels[index]
-        return task is None or level is None or int(level) in chosen.get(task, ())
 
     def phase_index(self, step: int) -> int:
         return max(i for i, p in enumerate(self.phases) if p.start_step <= step)
 
-    def _window_at(self, step: int) -> int:
-        return min(self.phases[self.phase_index(step)].level_window + self.level_offset, len(self.windows) - 1)
+    def _window_at(self, step: int, task: str | None = None) -> int:
+        """The level window ``task`` draws from at ``step`` (None: the phase's, for every task)."""
+        base = self.phases[self.phase_index(step)].level_window + self.level_offset
+        return max(0, min(base + self.task_offset.get(task, 0), len(self.windows) - 1))
+
+    def _in_window(self, index: int, step: int) -> bool:
+        task, level = self.tasks[index], self.levels[index]
+        return task is None or level is None or int(level) in self.windows[self._window_at(step, task)].get(task, ())
 
     def _pools(self, step: int) -> dict[str, list[int]]:
-        return {d: [i for i in idx if i not in self.dropped] for d, idx in self._eligible[self._window_at(step)].items()}
+        """domain -> the pool indices it may draw at ``step`` (rows without a task or level always)."""
+        return {d: [i for i in idx if i not in self.dropped and self._in_window(i, step)]
+                for d, idx in self.by_domain.items()}
 
     def drop(self, indices: set[int]) -> set[int]:
         """Take pool ``indices`` out of every later draw; the pool keeps at least one prompt per
@@ -112,7 +113,7 @@ class Curriculum:
 
     def levels_at(self, step: int) -> dict[str, list[int]]:
         """Task -> the levels the phase active at ``step`` draws."""
-        return {t: sorted(v) for t, v in sorted(self.windows[self._window_at(step)].items())}
+        return {t: sorted(self.windows[self._window_at(step, t)].get(t, ())) for t in sorted(self.windows[0])}
 
     def sample(self, step: int, n: int, round_: int = 0) -> list[int]:
         """``n`` pool indices for ``step``: a domain by weight, then a prompt of that domain (a
@@ -171,7 +172,7 @@ class WindowRefresh:
                 **{f"refresh_{k}": v for k, v in level_mix(left).items()}}
 
     def state_dict(self) -> dict:
-        return {"tally": {str(i): c for i, c in self.tally.items()}, "dropped": sorted(self.curriculum.dropped),
+        return {"tally": {str(i): list(c) for i, c in self.tally.items()}, "dropped": sorted(self.curriculum.dropped),
                 "level_offset": self.curriculum.level_offset}
 
     def load_state_dict(self, state: dict | None) -> None:
@@ -179,3 +180,55 @@ class WindowRefresh:
             self.tally = {int(i): list(c) for i, c in state["tally"].items()}
             self.curriculum.dropped = set(state["dropped"])
             self.curriculum.level_offset = int(state["level_offset"])
+
+
+class AdaptiveLevels:
+    """Calibration against the improving policy (M1 moves levels as the model learns): every
+    ``every_steps`` steps, each synthetic task's pass rate over the samples the policy drew of it
+    since the last measure (verifier correctness, at least ``min_samples``) moves its level window
+    up one when above ``raise_above`` and down one when below ``lower_below``, within the pool's
+    windows. The measure uses the RL samples themselves, so it costs no sampling. Counts and
+    offsets ride in the stage's checkpoints."""
+
+    def __init__(self, cfg, pool: list[dict], curriculum: Curriculum):
+        self.cfg, self.curriculum = cfg, curriculum
+        self.index = {r["prompt_id"]: i for i, r in enumerate(pool)}
+        self.counts: dict[str, list[int]] = {}   # task -> [samples, correct] since the last measure
+
+    def observe(self, seen: list) -> None:
+        for row, _completions, scored, _round in seen:
+            task = self.curriculum.tasks[self.index[row["prompt_id"]]]
+            if task is None:
+                continue
+            counts = self.counts.setdefault(task, [0, 0])
+            for s in scored:
+                if s.scorer != "genrm" and s.correct is not None:
+                    counts[0] += 1
+                    counts[1] += s.correct == 1.0
+
+    def due(self, step: int) -> bool:
+        return (step + 1) % self.cfg.every_steps == 0
+
+    def measure(self, step: int) -> dict[str, float]:
+        """Move the tasks whose rate left the band; the measure's metrics."""
+        cur, moves, out = self.curriculum, 0, {}
+        last = len(cur.windows) - 1
+        for task, (n, k) in sorted(self.counts.items()):
+            if n < self.cfg.min_samples:
+                continue
+            rate, window = k / n, cur._window_at(step, task)
+            move = 1 if rate > self.cfg.raise_above and window < last else -1 if rate < self.cfg.lower_below and window > 0 else 0
+            cur.task_offset[task] = cur.task_offset.get(task, 0) + move
+            moves += move != 0
+            out[f"adaptive_pass_rate/{task}"] = rate
+            out[f"adaptive_window/{task}"] = float(cur._window_at(step + 1, task))
+        self.counts = {}
+        return {"adaptive_moves": float(moves), **out}
+
+    def state_dict(self) -> dict:
+        return {"counts": {t: list(c) for t, c in self.counts.items()}, "task_offset": dict(self.curriculum.task_offset)}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state:
+            self.counts = {t: list(c) for t, c in state["counts"].items()}
+            self.curriculum.task_offset = dict(state["task_offset"])

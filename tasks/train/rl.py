@@ -40,7 +40,7 @@ from tasks.genrm.length_bias import LengthBiasMonitor, LengthCorrection
 from tasks.genrm.references import current_references
 from tasks.rollout.base import RolloutBackend, SamplingParams
 from tasks.rollout.config import RolloutConfig
-from tasks.train.curriculum import Curriculum, WindowRefresh, level_mix
+from tasks.train.curriculum import AdaptiveLevels, Curriculum, WindowRefresh, level_mix
 from tasks.train.encoding import encode_prompt, pad_batch, pad_id_of, prompt_text
 from tasks.train.engine import (
     backward_and_step,
@@ -541,14 +541,17 @@ def train_rl(h: StageHarness, reward_fn: RewardFn | None = None, judge_backend: 
         refresh = WindowRefresh(cfg.window_refresh, pool, curriculum) if cfg.window_refresh.enabled else None
         if refresh is not None:
             refresh.load_state_dict(state.get("window_refresh"))
+        adaptive = AdaptiveLevels(cfg.adaptive_levels, pool, curriculum) if cfg.adaptive_levels.enabled else None
+        if adaptive is not None:
+            adaptive.load_state_dict(state.get("adaptive_levels"))
         return _train_loop(h, engine, tokenizer, sampler, pool, rewarder, curriculum, schedule, monitor, start,
-                           refresh)
+                           refresh, adaptive)
     finally:
         sampler.close()
 
 
 def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, curriculum, schedule, monitor,
-                start: int, refresh: WindowRefresh | None = None) -> dict:
+                start: int, refresh: WindowRefresh | None = None, adaptive: AdaptiveLevels | None = None) -> dict:
     cfg = h.stage_cfg
     events: list[dict] = []
     pad, prompt_cache, pending, last = pad_id_of(tokenizer), {}, [], {}
@@ -580,6 +583,10 @@ def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, cur
                        gate_length_near_window=float(reading.length_near_window))
         if refresh is not None:
             refresh.observe(seen)
+        if adaptive is not None:
+            adaptive.observe(seen)
+            if adaptive.due(step):   # the levels the next steps draw
+                metrics.update(adaptive.measure(step))
         if reading.advanced:
             set_gradient_clipping(engine, schedule.window.gradient_clipping)
             if refresh is not None:   # the next window draws from the refreshed pool
@@ -610,7 +617,8 @@ def _train_loop(h: StageHarness, engine, tokenizer, sampler, pool, rewarder, cur
                                               "length_bias": monitor.state_dict(),
                                               "length_correction": rewarder.in_stage_correction(),
                                               "rollouts_ahead": sampler.state_dict(),
-                                              "window_refresh": refresh.state_dict() if refresh else None})
+                                              "window_refresh": refresh.state_dict() if refresh else None,
+                                              "adaptive_levels": adaptive.state_dict() if adaptive else None})
     _store_rollouts(h, pending, rewarder, stored)
     return h.finish(engine, tokenizer, {"final_loss": last.get("loss"), "final_reward_mean": last.get("reward_mean"),
                                         "final_window": schedule.window.max_tokens, "prompts": len(pool),
