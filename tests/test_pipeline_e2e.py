@@ -67,6 +67,19 @@ def test_default_run_trains_only_what_curation_and_difficulty_chose(default_run)
     assert set(latest["model"]) == {dpo_model}
     rl = wh.read("rl_prompts")
     assert rl.height > 0 and set(rl["selected_by"]) == {"difficulty_keep"}
+    # a few open prompts reach RL (curate.yaml's open_to_rl), passed by difficulty as unscored,
+    # and the GenRM rewarded RL's samples of them with its verdict rewards. In tiny the prompts'
+    # rule constraints decide every one (the policy's short answers break them), so the judge
+    # model is reached only by a response that keeps them (genrm_judge_calls counts those rounds)
+    open_rl = rl.filter(pl.col("domain").is_in(["general", "instruction"]))
+    assert open_rl.height > 0 and set(latest.filter(pl.col("prompt_id").is_in(open_rl["prompt_id"].to_list()))
+                                      ["decision"]) == {"unscored"}
+    rewarded = wh.read("rl_rollouts").filter(pl.col("prompt_id").is_in(open_rl["prompt_id"].to_list()))
+    assert rewarded.height > 0 and set(rewarded["reward"]) <= {0.0, 0.5, 1.0}
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    rl_runs = client.search_runs(client.get_run(res["mlflow_run_id"]).info.experiment_id,
+                                 filter_string="tags.`posttrain.stage` = 'rl'")
+    assert sum(m.value for r in rl_runs for m in client.get_metric_history(r.info.run_id, "rl.genrm_scored")) > 0
     # every filtering stage accounted for its rows
     decisions = wh.read("decisions")
     assert decisions["reason"].null_count() == 0 and decisions.height > 0

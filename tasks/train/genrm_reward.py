@@ -270,8 +270,10 @@ class DomainReward:
         if pending:
             correction = self.refresh_calibration()
             counters.length_correction_slope = correction.slope if correction is not None else 0.0
-            for p, decision in zip(pending, self._judge(step, round_).compare([p.request for p in pending]),
-                                   strict=True):
+            decisions = self._judge(step, round_).compare([p.request for p in pending])
+            # a round whose every pair the rule constraints decided never reached the judge model
+            counters.judge_calls += any(d.status != "rule" for d in decisions)
+            for p, decision in zip(pending, decisions, strict=True):
                 sample = self._genrm_sample(decision.verdict, decision.status)
                 out[p.group][p.sample] = self._corrected(sample, len(groups[p.group][p.sample].token_ids), counters)
                 prompt_id = rows[p.group]["prompt_id"]
@@ -280,7 +282,6 @@ class DomainReward:
                     match_id=None, first_id="reference",
                     second_id=f"{self.rollout_prefix}:{step}:{round_}:{prompt_id}:{p.sample}",
                     judge_model=getattr(self._backend, "name", "judge"))
-            counters.judge_calls += 1
         for samples in out:
             for s in samples:
                 if s is not None and s.scorer == "genrm":
