@@ -42,7 +42,7 @@ from tasks.scoring import (
     score_samples,
 )
 from tasks.tracking import current_run_id, log_counters, log_figure, log_table, stage_run
-from tasks.verify.registry import VERIFIERS
+from tasks.verify.registry import VERIFIED_FIELDS, VERIFIERS
 from warehouse import TableRef, Warehouse
 
 log = logging.getLogger("posttrain.difficulty")
@@ -132,10 +132,6 @@ def rl_side(df: pl.DataFrame) -> pl.DataFrame:
     return df.filter(pl.col("split") == "rl") if "split" in df.columns else df
 
 
-# what a row's verifier reads (tasks.verify.registry), beside its prompt
-_VERIFIED_FIELDS = ("answer", "solution", "tests", "entry_point", "task", "level", "seed", "question", "metadata")
-
-
 def model_identity(model: str) -> str:
     """What names a model's weights: for a checkpoint directory, its path and each file's size and
     modification time (a stage trained again on new data rewrites the same path); else the name."""
@@ -150,7 +146,7 @@ def model_identity(model: str) -> str:
 def row_key(row: dict, domain: str, rendered: str, model: str, cfg: DifficultyConfig) -> str:
     """The digest of everything a row's difficulty decision depends on (``model``: its
     ``model_identity``)."""
-    parts = {"prompt": rendered, "domain": domain, "fields": {f: row.get(f) for f in _VERIFIED_FIELDS},
+    parts = {"prompt": rendered, "domain": domain, "fields": {f: row.get(f) for f in VERIFIED_FIELDS},
              "model": model, "sampling": cfg.sampling.model_dump(), "band": cfg.bands[domain].model_dump(),
              "sandbox": [cfg.sandbox_timeout_s, cfg.sandbox_memory_mb]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
@@ -164,6 +160,12 @@ def decided_rows(wh: Warehouse) -> dict[str, dict]:
     if "row_key" not in df.columns:
         return {}
     return {r["row_key"]: r for r in df.filter(pl.col("row_key").is_not_null()).iter_rows(named=True)}
+
+
+def _removal(pid: str, table: str, decision: str, pass1: float, run_id: str) -> dict:
+    """The ``decisions`` row of a prompt the band removes."""
+    return {"row_id": pid, "stage": STAGE, "decision": "removed", "reason": decision,
+            "reference_id": f"{table}:pass_rate", "score": pass1, "run_id": run_id}
 
 
 def _process_table(wh, ref, cfg, backend, params, limits, pool, run_id, decided):
@@ -190,15 +192,14 @@ def _process_table(wh, ref, cfg, backend, params, limits, pool, run_id, decided)
     fresh = []
     for r in scored:
         pid = row_id(r)
-        before = decided.get(keys[pid]) if cfg.reuse else None
+        before = decided.get(keys[pid])
         if before is None:
             fresh.append(r)
             continue
         difficulty.append({**before, "source_table": table, "run_id": run_id,
                            "reused_from": before.get("reused_from") or before["run_id"]})
         if before["decision"] != "keep":
-            decisions.append({"row_id": pid, "stage": STAGE, "decision": "removed", "reason": before["decision"],
-                              "reference_id": f"{table}:pass_rate", "score": before["pass_at_1"], "run_id": run_id})
+            decisions.append(_removal(pid, table, before["decision"], before["pass_at_1"], run_id))
     if len(fresh) < len(scored):
         log.info("difficulty %s: %d of %d prompts decided before with the same key, reused; sampling %d",
                  table, len(scored) - len(fresh), len(scored), len(fresh))
@@ -219,8 +220,7 @@ def _process_table(wh, ref, cfg, backend, params, limits, pool, run_id, decided)
                 "decision": decision, "model": model, "run_id": run_id, "row_key": keys[pid],
             })
             if decision != "keep":
-                decisions.append({"row_id": pid, "stage": STAGE, "decision": "removed", "reason": decision,
-                                  "reference_id": f"{table}:pass_rate", "score": pass1, "run_id": run_id})
+                decisions.append(_removal(pid, table, decision, pass1, run_id))
         log.info("difficulty %s: %d/%d prompts sampled and verified", table, start + len(chunk), len(fresh))
     return rollouts, difficulty, decisions
 

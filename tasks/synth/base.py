@@ -84,6 +84,13 @@ _ANSWER_OPEN = re.compile(r"<\s*answer\s*>", re.IGNORECASE)
 _ANSWER_CLOSE = re.compile(r"<\s*/\s*answer\s*>", re.IGNORECASE)
 
 
+def after_thinking(response: str) -> str:
+    """What follows the last ``</think>`` (tolerant of case and spacing), else the whole text:
+    where every extractor reads a response's answer."""
+    ends = list(_THINK_END.finditer(response))
+    return response[ends[-1].end():] if ends else response
+
+
 def extract_answer(response: Any) -> str | None:
     """The final answer in a response, or None when there is none.
 
@@ -93,8 +100,7 @@ def extract_answer(response: Any) -> str | None:
     """
     if not isinstance(response, str):
         return None
-    ends = list(_THINK_END.finditer(response))
-    text = response[ends[-1].end():] if ends else response
+    text = after_thinking(response)
     opens = list(_ANSWER_OPEN.finditer(text))
     if not opens:
         return None

@@ -136,6 +136,15 @@ def level_mix(rows: list[dict]) -> dict[str, float]:
             **{f"level_share/{k}": counts[k] / len(levels) for k in sorted(counts)}}
 
 
+def checked_samples(seen: list):
+    """(row, solved) of every sample of a step whose correctness a verifier decided (a GenRM
+    sample has no checkable solve), from the step's (row, completions, scored, round) groups."""
+    for row, _completions, scored, _round in seen:
+        for s in scored:
+            if s.scorer != "genrm" and s.correct is not None:
+                yield row, s.correct == 1.0
+
+
 class WindowRefresh:
     """M1's data refresh at each length window: when RL advances to a longer window, the prompts
     the previous window's policy solved at every sample (at least ``min_samples`` of them, all
@@ -149,14 +158,10 @@ class WindowRefresh:
         self.tally: dict[int, list[int]] = {}   # pool index -> [samples, correct] in this window
 
     def observe(self, seen: list) -> None:
-        for row, _completions, scored, _round in seen:
-            i = self.index[row["prompt_id"]]
-            for s in scored:
-                if s.scorer == "genrm" or s.correct is None:   # no checkable solve
-                    continue
-                counts = self.tally.setdefault(i, [0, 0])
-                counts[0] += 1
-                counts[1] += s.correct == 1.0
+        for row, correct in checked_samples(seen):
+            counts = self.tally.setdefault(self.index[row["prompt_id"]], [0, 0])
+            counts[0] += 1
+            counts[1] += correct
 
     def advance(self) -> dict[str, float]:
         """The window advanced: drop the solved prompts, shift the levels; the refresh's metrics."""
@@ -196,15 +201,12 @@ class AdaptiveLevels:
         self.counts: dict[str, list[int]] = {}   # task -> [samples, correct] since the last measure
 
     def observe(self, seen: list) -> None:
-        for row, _completions, scored, _round in seen:
+        for row, correct in checked_samples(seen):
             task = self.curriculum.tasks[self.index[row["prompt_id"]]]
-            if task is None:
-                continue
-            counts = self.counts.setdefault(task, [0, 0])
-            for s in scored:
-                if s.scorer != "genrm" and s.correct is not None:
-                    counts[0] += 1
-                    counts[1] += s.correct == 1.0
+            if task is not None:
+                counts = self.counts.setdefault(task, [0, 0])
+                counts[0] += 1
+                counts[1] += correct
 
     def due(self, step: int) -> bool:
         return (step + 1) % self.cfg.every_steps == 0

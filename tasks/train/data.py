@@ -31,7 +31,7 @@ from tasks.cleaning import CleanConfig, clean_reason
 from tasks.genrm.config import JUDGE_DOMAIN, OPEN_DOMAINS
 from tasks.train.config import TrainConfig
 from tasks.train.encoding import encode_example, stage_of_length
-from tasks.verify.registry import verify_with_error
+from tasks.verify.registry import VERIFIED_FIELDS, verify_with_error
 from warehouse import TableRef, Warehouse
 from warehouse.store import frame_digest
 
@@ -478,14 +478,11 @@ def build_dpo_pairs(src: Sources, cfg: TrainConfig, tokenizer) -> tuple[pl.DataF
 # the ``decisions.stage`` of an RL-side row the rl_prompts builder leaves out
 RL_PROMPTS_STAGE = decision_stage("rl_prompts")
 
-RL_VERIFIER_FIELDS = ("answer", "solution", "tests", "entry_point", "task", "level", "seed", "question",
-                      "metadata")
-
 
 def _rl_row(row: dict, table: str, selected_by: str) -> dict:
     """The RL prompt with the fields its verifier (``verify(domain, row, response)``) reads."""
     return {"prompt_id": str(row["id"]), "source_table": table, "domain": row.get("domain") or "general",
-            "prompt": row["prompt"], **{f: row.get(f) for f in RL_VERIFIER_FIELDS}, "selected_by": selected_by}
+            "prompt": row["prompt"], **{f: row.get(f) for f in VERIFIED_FIELDS}, "selected_by": selected_by}
 
 
 def latest_difficulty_decisions(src: Sources) -> tuple[dict[str, str], TableRef | None]:

@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import re
 
+from tasks.synth.base import after_thinking
 from tasks.verify.sandbox import SandboxLimits, SandboxResult, run_python_sandboxed
 
 _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
-_THINK_END = re.compile(r"</think\s*>", re.IGNORECASE)
+
+
+def code_blocks(text: str) -> list[str]:
+    """The closed fenced (python or bare) code blocks of ``text``, in order."""
+    return _FENCE.findall(text)
 
 
 def extract_code(response: str) -> tuple[str, bool]:
     """(code, fenced): the last fenced block when there is one, else the raw continuation."""
-    ends = list(_THINK_END.finditer(response))
-    text = response[ends[-1].end():] if ends else response
-    blocks = _FENCE.findall(text)
+    text = after_thinking(response)
+    blocks = code_blocks(text)
     if blocks:
         return blocks[-1], True
     return text, False

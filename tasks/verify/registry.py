@@ -9,14 +9,16 @@ row cannot crash a batch and the caller can still count it. ``verify`` drops the
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
-from tasks.synth.base import extract_answer, last_boxed
-from tasks.verify.code import verify_code
+from tasks.synth.base import after_thinking, extract_answer, last_boxed
+from tasks.verify.code import code_blocks, verify_code
 from tasks.verify.math import extract_final_answer, math_equal, verify_math
 from tasks.verify.sandbox import SandboxLimits
+
+# the fields of a row its domain's verifier reads, beside the response
+VERIFIED_FIELDS = ("answer", "solution", "tests", "entry_point", "task", "level", "seed", "question", "metadata")
 
 
 class VerifyError(ValueError):
@@ -97,20 +99,13 @@ VERIFIERS: dict[str, Callable[[dict, str, SandboxLimits | None], float]] = {
 }
 
 
-_PYTHON_FENCE = re.compile(r"```python[^\n]*\n.*?```", re.DOTALL)
-
-
-def _after_thinking(response: str) -> str:
-    return response.rsplit("</think>", 1)[-1]
-
-
 # does a response deliver its answer the way its domain's instruction asks (tasks.rollout.chat)?
 # math: in \boxed{}; logic: inside <answer></answer> (every logic prompt asks for the tags);
-# code: in exactly one closed ```python block. Read after the last </think>, as the extractors do.
+# code: in exactly one closed fenced block. Read after the last </think>, as the extractors do.
 FORMATS: dict[str, Callable[[str], bool]] = {
-    "math": lambda r: last_boxed(_after_thinking(r)) is not None,
+    "math": lambda r: last_boxed(after_thinking(r)) is not None,
     "logic": lambda r: extract_answer(r) is not None,
-    "code": lambda r: len(_PYTHON_FENCE.findall(_after_thinking(r))) == 1,
+    "code": lambda r: len(code_blocks(after_thinking(r))) == 1,
 }
 
 
