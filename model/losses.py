@@ -34,15 +34,10 @@ def sft_loss(logp: torch.Tensor, mask: torch.Tensor,
     ``token``: sum over every counted token / number of counted tokens (long answers weigh
     more). ``sample``: each sample's mean NLL, then the mean over samples that have tokens.
     """
-    mask = mask.to(logp.dtype)
-    nll = -logp * mask
     if normalization == "token":
-        return nll.sum() / mask.sum().clamp(min=1.0)
+        return masked_mean(-logp, mask)
     if normalization == "sample":
-        per_sample_tokens = mask.sum(-1)
-        has_tokens = per_sample_tokens > 0
-        per_sample = nll.sum(-1) / per_sample_tokens.clamp(min=1.0)
-        return per_sample[has_tokens].sum() / has_tokens.sum().clamp(min=1)
+        return _sample_mean(-logp, mask)
     raise ValueError(f"unknown SFT normalization {normalization!r}; expected 'token' or 'sample'")
 
 
