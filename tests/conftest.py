@@ -1,11 +1,16 @@
 """Shared fixtures. Each test gets its own POSTTRAIN_HOME; Prefect keeps one home per session."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 # before Prefect / MLflow / transformers are imported anywhere
 _SESSION_DIR = tempfile.mkdtemp(prefix="posttrain-tests-")
+# the process that made it removes it (xdist workers inherit the controller's PREFECT_HOME, so
+# theirs stay empty; the controller exits after them)
+atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)
 os.environ.setdefault("PREFECT_HOME", os.path.join(_SESSION_DIR, "prefect"))
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -42,13 +43,16 @@ def smol_config() -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def smol_wh(tmp_path_factory):
-    """One home for the module: SmolLM2 is dequantized into it once (~20 s)."""
+    """One home for the module: SmolLM2 is dequantized into it once (~20 s). Removed when the
+    module ends: its checkpoints and model are ~1.5 GB, which a CI disk should not carry until
+    the session's end."""
     from warehouse import Warehouse
 
     home = tmp_path_factory.mktemp("smol_home")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("POSTTRAIN_HOME", str(home))
         yield Warehouse(home)
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def test_base_model_takes_the_names_a_rollout_model_takes(smol_wh):

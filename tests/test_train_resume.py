@@ -45,11 +45,14 @@ def test_sigkilled_stage_resumes_with_same_data_order_and_loss_curve(wh):
     steps = 120
     job = seeded_sft_job(wh, cfg, stage_steps=steps, run_name="resume")
     stage = job.stage_path
-    # the first checkpoint and a couple of steps beyond it, then kill hard
-    sigkill_stage_when(cfg.engine, job, lambda step, records: step is not None and records >= step + 2)
+    # the first checkpoint and a step beyond it, then kill hard: two steps before the next
+    # checkpoint, so the kill almost always lands with steps to redo. It may still land just
+    # after the next checkpoint on a loaded machine (CI of 2026-12-07): then there is nothing
+    # to redo, and the rest of the test holds all the same
+    sigkill_stage_when(cfg.engine, job, lambda step, records: step is not None and records >= step + 1)
     resumed_from = checkpoint.latest_step(stage)
     killed_run = {r["step"]: r for r in _records(stage)}
-    assert resumed_from is not None and max(killed_run) >= resumed_from
+    assert resumed_from is not None and max(killed_run) >= resumed_from - 1   # every checkpointed step recorded
 
     result = execute_stage(job)           # same job, resumed in this process
     curve = _records(stage)
