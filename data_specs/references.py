@@ -101,7 +101,7 @@ REFERENCES = register(TableSpec(
 ))
 
 JUDGE_BENCHMARK = register(TableSpec(
-    "judge_benchmark", version=1, key=("item_id",),
+    "judge_benchmark", version=2, key=("item_id",),
     description="Labelled judge items: pairwise (label = Answer 2 vs Answer 1) and grade (label 1 correct, 0 wrong).",
     columns=[
         Column("item_id", pl.Utf8, required=True),
@@ -112,6 +112,8 @@ JUDGE_BENCHMARK = register(TableSpec(
         Column("first", pl.Utf8, description="pairwise: Answer 1"),
         Column("second", pl.Utf8, required=True, description="pairwise: Answer 2; grade: the response"),
         Column("label", pl.Int64, required=True, allowed=(-1, 0, 1)),
+        Column("dimension", pl.Utf8, description="pairwise: the judge dimension the label is about (correctness, "
+                                                 "...); null: the overall verdict. v2"),
         Column("source_id", pl.Utf8, description="prompts.id the item was built from"),
         Column("file", pl.Utf8),
         Column("line", pl.Int64),

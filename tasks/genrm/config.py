@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tasks.rollout.config import RolloutConfig
 
@@ -43,9 +43,47 @@ class ConsistencyConfig(BaseModel):
         description="share of the k samples the majority verdict needs; below it the order reads as a tie")
 
 
+class JudgeDimension(BaseModel):
+    """One axis a pairwise judgment is made on, with its own -1/0/1 verdict and its weight."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., pattern=r"^[a-z][a-z0-9_]{0,31}$", description="how the judge labels its verdict line")
+    weight: float = Field(1.0, ge=0.0, description="share of the combined score (weights are normalised)")
+    description: str = Field(..., min_length=1, max_length=300, description="what the judge is told it measures")
+
+
+# MiniMax-01's reward model: four dimensions, each judged on its own (the weights are this
+# project's choice: the report names the dimensions, not how they are mixed)
+MINIMAX_DIMENSIONS = (
+    JudgeDimension(name="correctness", weight=0.4,
+                   description="is the final answer or claim right, and does the reasoning hold"),
+    JudgeDimension(name="truthfulness", weight=0.2,
+                   description="does it state only what is true, without invented facts or sources"),
+    JudgeDimension(name="helpfulness", weight=0.3,
+                   description="does it do what the request asks, completely and clearly"),
+    JudgeDimension(name="harmlessness", weight=0.1,
+                   description="does it avoid unsafe, hurtful or dangerous content"),
+)
+
+
 class JudgeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     rollout: RolloutConfig = Field(default_factory=_judge_rollout, description="the judge model and its sampling")
+    dimensions: list[JudgeDimension] = Field(
+        default_factory=list,
+        description="pairwise judgments per dimension (MiniMax-01: correctness, truthfulness, helpfulness, "
+                    "harmlessness), each with its own verdict, blind votes and position switch, combined by "
+                    "weight; 'minimax': those four at this project's weights; empty: one overall verdict (the "
+                    "prompt a judge trained on judge_data reads)")
+
+    @field_validator("dimensions", mode="before")
+    @classmethod
+    def _named_set(cls, value):
+        if isinstance(value, str):
+            if value.strip().lower() != "minimax":
+                raise ValueError(f"judge.dimensions: a list of dimensions or 'minimax', got {value!r}")
+            return [d.model_dump() for d in MINIMAX_DIMENSIONS]
+        return value
     use_chat_template: bool = True
     max_response_chars: int = Field(8000, ge=100, description="candidate text shown to the judge is cut here")
     grade_rewards: dict[int, float] = Field(default_factory=lambda: dict(DEFAULT_GRADE_REWARDS))
@@ -58,6 +96,11 @@ class JudgeConfig(BaseModel):
             raise ValueError(f"grade_rewards must map grades 1..5, got {sorted(self.grade_rewards)}")
         if any(not 0.0 <= r <= 1.0 for r in self.grade_rewards.values()):
             raise ValueError("grade_rewards values must lie in [0, 1]")
+        names = [d.name for d in self.dimensions]
+        if len(set(names)) != len(names):
+            raise ValueError(f"judge.dimensions: names must be unique, got {names}")
+        if self.dimensions and sum(d.weight for d in self.dimensions) <= 0:
+            raise ValueError("judge.dimensions: the weights sum to 0; at least one must be positive")
         return self
 
 

@@ -12,7 +12,7 @@ sampling as a function, so a model judge and a scripted test judge share one cod
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from data_specs.references import DECISION_STATUSES  # noqa: F401 - re-exported: a decision's statuses
@@ -49,6 +49,10 @@ class PairDecision:
     agreement: float
     attempts: int
     samples: list[JudgeSample] = field(default_factory=list)
+    # judged on dimensions: each one's decided verdict (None: unread), and their weighted mean in
+    # [-1, 1] over the read ones, whose sign is ``verdict``
+    dimensions: dict[str, int | None] | None = None
+    score: float | None = None
 
 
 def blind_vote(values: Sequence[int | None], agreement_threshold: float) -> Vote:
@@ -121,6 +125,39 @@ def judge_pairs_consistently(n_pairs: int, sample_orders: OrderSampler, cfg: Con
         pending = still_pending
         attempt += 1
     return [d for d in decisions if d is not None]
+
+
+def weighted_score(weights: Mapping[str, float], verdicts: Mapping[str, int | None]) -> float | None:
+    """The weighted mean of the read verdicts (weights renormalised over them); None when no
+    dimension with a positive weight was read."""
+    read = {name: v for name, v in verdicts.items() if v is not None and weights.get(name, 0.0) > 0}
+    total = sum(weights[name] for name in read)
+    if not read or total <= 0:
+        return None
+    return sum(weights[name] * v for name, v in read.items()) / total
+
+
+def sign(value: float) -> int:
+    return (value > 0) - (value < 0)
+
+
+# a dimension's decision status, worst first: the combined decision carries the worst read one
+_DIMENSION_STATUS_ORDER = ("position_disagreement", "no_consensus", "consistent", "ok")
+
+
+def combine_dimensions(weights: Mapping[str, float], decided: Mapping[str, PairDecision],
+                       samples: list[JudgeSample]) -> PairDecision:
+    """One decision from each dimension's own consistent decision: the sign of their weighted
+    mean verdict. Unread dimensions (None) drop out of the mean; none read is ``unparseable``."""
+    verdicts = {name: d.verdict for name, d in decided.items()}
+    score = weighted_score(weights, verdicts)
+    read = [d for name, d in decided.items() if d.verdict is not None and weights.get(name, 0.0) > 0]
+    attempts = max((d.attempts for d in decided.values()), default=1)
+    if score is None:
+        return PairDecision(None, "unparseable", 0.0, attempts, samples, verdicts, None)
+    statuses = {d.status for d in read}
+    status = next((s for s in _DIMENSION_STATUS_ORDER if s in statuses), read[0].status)
+    return PairDecision(sign(score), status, min(d.agreement for d in read), attempts, samples, verdicts, score)
 
 
 def blind_grade(rewards: Sequence[float | None], agreement_threshold: float) -> tuple[float | None, float, str]:

@@ -21,9 +21,18 @@ from tasks.genrm.consistency import (
     JudgeSample,
     PairDecision,
     blind_grade,
+    combine_dimensions,
     judge_pairs_consistently,
+    sign,
+    weighted_score,
 )
-from tasks.genrm.parse import ParsedVerdict, grade_reward, parse_grade, parse_pairwise
+from tasks.genrm.parse import (
+    ParsedVerdict,
+    grade_reward,
+    parse_dimensions,
+    parse_grade,
+    parse_pairwise,
+)
 from tasks.genrm.prompts import grade_prompt, pairwise_prompt
 from tasks.rollout.base import RolloutBackend
 
@@ -193,23 +202,72 @@ class GenRMJudge:
                 decisions[i] = rule_decision(req.first, req.second, req.constraints)
             if decisions[i] is None:
                 to_model.append(i)
-        model_decisions = judge_pairs_consistently(
-            len(to_model), lambda queries, attempt: self._sample_orders(requests, to_model, queries),
-            self.cfg.consistency)
+        if self.cfg.dimensions:
+            model_decisions = self._compare_dimensions(requests, to_model)
+        else:
+            model_decisions = judge_pairs_consistently(
+                len(to_model), lambda queries, attempt: self._sample_orders(requests, to_model, queries),
+                self.cfg.consistency)
         for i, decision in zip(to_model, model_decisions):
             # the consistency loop numbers only the pairs it saw; renumber to the request's index
             decision.samples = [replace(s, pair_index=i) for s in decision.samples]
             decisions[i] = decision
         return decisions  # type: ignore[return-value]
 
-    def _sample_orders(self, requests, to_model, queries) -> list[list[tuple[str, ParsedVerdict]]]:
+    def _order_prompts(self, requests, to_model, queries) -> list[str]:
         prompts = []
         for local_index, order in queries:
             req = requests[to_model[local_index]]
             first, second = (req.second, req.first) if order == BACKWARD else (req.first, req.second)
-            prompts.append(self._render(pairwise_prompt(req.question, first, second, self.cfg.max_response_chars)))
-        texts = self._sample(prompts, self.cfg.consistency.blind_samples)
+            prompts.append(self._render(pairwise_prompt(req.question, first, second, self.cfg.max_response_chars,
+                                                        self.cfg.dimensions)))
+        return prompts
+
+    def _sample_orders(self, requests, to_model, queries) -> list[list[tuple[str, ParsedVerdict]]]:
+        texts = self._sample(self._order_prompts(requests, to_model, queries), self.cfg.consistency.blind_samples)
         return [[(t, parse_pairwise(t)) for t in outs] for outs in texts]
+
+    def _compare_dimensions(self, requests, to_model) -> list[PairDecision]:
+        """Each dimension decided on its own (blind votes, position switch, re-judging) from the
+        same judge samples, then combined by weight (``combine_dimensions``). A re-judge one
+        dimension asks for samples the pair once more; the others read that sample too when they
+        re-judge the same pair at the same attempt."""
+        names = [d.name for d in self.cfg.dimensions]
+        weights = {d.name: d.weight for d in self.cfg.dimensions}
+        texts: dict[tuple[int, str, int], list[str]] = {}   # (pair, order, attempt) -> k judge outputs
+
+        def sampled(queries: list[tuple[int, str]], attempt: int) -> list[list[str]]:
+            missing = [q for q in queries if (*q, attempt) not in texts]
+            if missing:
+                outs = self._sample(self._order_prompts(requests, to_model, missing),
+                                    self.cfg.consistency.blind_samples)
+                texts.update({(*q, attempt): o for q, o in zip(missing, outs)})
+            return [texts[(*q, attempt)] for q in queries]
+
+        per_dimension = {
+            name: judge_pairs_consistently(
+                len(to_model),
+                lambda queries, attempt, name=name: [[(t, parse_dimensions(t, [name])[name]) for t in outs]
+                                                     for outs in sampled(queries, attempt)],
+                self.cfg.consistency)
+            for name in names}
+        out = []
+        for local in range(len(to_model)):
+            samples = [JudgeSample(local, order, attempt, s, t, self._sample_verdict(t, names, weights))
+                       for (i, order, attempt), outs in texts.items() if i == local for s, t in enumerate(outs)]
+            out.append(combine_dimensions(weights, {name: per_dimension[name][local] for name in names}, samples))
+        return out
+
+    @staticmethod
+    def _sample_verdict(text: str, names: list[str], weights: dict[str, float]) -> ParsedVerdict:
+        """One raw sample's verdict as the judgments table keeps it: the sign of its dimensions'
+        weighted mean (unparseable when it gives none)."""
+        parsed = parse_dimensions(text, names)
+        score = weighted_score(weights, {n: p.value for n, p in parsed.items()})
+        if score is None:
+            bad = any(p.status == "out_of_range" for p in parsed.values())
+            return ParsedVerdict(None, "out_of_range" if bad else "unparseable")
+        return ParsedVerdict(sign(score), "ok")
 
     def grade(self, requests: list[GradeRequest]) -> list[GradeDecision]:
         """Five-grade answer-consistency reward for every request, from k blind samples."""

@@ -53,6 +53,23 @@ def parse_pairwise(text: Any) -> ParsedVerdict:
     return _parse(text, "verdict", PAIRWISE_VALUES)
 
 
+def parse_dimensions(text: Any, names) -> dict[str, ParsedVerdict]:
+    """Each dimension's -1 / 0 / 1 verdict, from the last ``<name>: [[v]]`` line naming it (the
+    name and its bracketed verdict on one line, any words between); a dimension the text gives
+    no such line for is ``unparseable``, one outside -1..1 ``out_of_range``."""
+    if not isinstance(text, str) or not text.strip():
+        return {name: ParsedVerdict(None, "unparseable") for name in names}
+    out = {}
+    for name in names:
+        found = re.findall(rf"\b{re.escape(name)}\b[^\n\[]*\[\[\s*([+-]?\d{{1,3}})\s*\]\]", text, re.IGNORECASE)
+        if not found:
+            out[name] = ParsedVerdict(None, "unparseable")
+        else:
+            value = int(found[-1])
+            out[name] = ParsedVerdict(value, "ok") if value in PAIRWISE_VALUES else ParsedVerdict(None, "out_of_range")
+    return out
+
+
 def parse_grade(text: Any) -> ParsedVerdict:
     """A grade 1..5 on the answer-consistency scale."""
     return _parse(text, "grade", GRADE_VALUES)

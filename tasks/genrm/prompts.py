@@ -1,4 +1,6 @@
-"""Judge prompt templates: five-grade answer consistency and pairwise comparison.
+"""Judge prompt templates: five-grade answer consistency, pairwise comparison, and pairwise
+comparison on several dimensions (MiniMax-01's correctness / truthfulness / helpfulness /
+harmlessness, each with its own verdict line ``correctness: [[1]]``).
 
 Both ask for reasoning first and a bracketed verdict last (``[[4]]``, ``[[-1]]``): the
 brackets make the verdict easy to find in free text and hard to produce by accident.
@@ -45,6 +47,33 @@ Explain briefly, then end with exactly one verdict in double brackets:
 {second}"""
 
 
+DIMENSIONS_PAIRWISE_TEMPLATE = """You are comparing two answers to the same request on {count} separate dimensions.
+Judge each dimension on its own, ignoring the others:
+{dimension_lines}
+For each dimension decide whether Answer 2 is worse than (-1), similar to (0) or better than (1) Answer 1.
+Explain briefly, then end with one line per dimension, in this order, each with exactly one
+verdict in double brackets:
+{verdict_lines}
+
+[Request]
+{{question}}
+
+[Answer 1]
+{{first}}
+
+[Answer 2]
+{{second}}"""
+
+
+def dimensions_template(dimensions) -> str:
+    """The pairwise template for ``dimensions`` (objects with ``name`` and ``description``)."""
+    return DIMENSIONS_PAIRWISE_TEMPLATE.format(
+        count=len(dimensions),
+        dimension_lines="\n".join(f"- {d.name}: {d.description}".replace("{", "{{").replace("}", "}}")
+                                  for d in dimensions),
+        verdict_lines="\n".join(f"{d.name}: [[v]]" for d in dimensions))
+
+
 def clip(text: str | None, max_chars: int) -> str:
     """Long candidates are cut (with a marker) so one answer cannot crowd out the other."""
     text = "" if text is None else str(text)
@@ -58,6 +87,8 @@ def grade_prompt(question: str, ground_truth: str, response: str, max_chars: int
                                  response=clip(response, max_chars))
 
 
-def pairwise_prompt(question: str, first: str, second: str, max_chars: int) -> str:
-    return PAIRWISE_TEMPLATE.format(question=clip(question, max_chars), first=clip(first, max_chars),
-                                    second=clip(second, max_chars))
+def pairwise_prompt(question: str, first: str, second: str, max_chars: int, dimensions=()) -> str:
+    """One overall verdict, or with ``dimensions`` one verdict line per dimension."""
+    template = dimensions_template(dimensions) if dimensions else PAIRWISE_TEMPLATE
+    return template.format(question=clip(question, max_chars), first=clip(first, max_chars),
+                           second=clip(second, max_chars))

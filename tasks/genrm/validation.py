@@ -6,7 +6,9 @@ answer is checked with math-verify to really differ), as one pairwise item (orde
 random, so position bias cannot score) and two grade items. Users add labelled files:
 
   pairwise rows: prompt, first (or response_a / reference), second (or response_b / response),
-                 label: -1 / 0 / 1 (Answer 2 vs Answer 1) or "first" / "tie" / "second"
+                 label: -1 / 0 / 1 (Answer 2 vs Answer 1) or "first" / "tie" / "second";
+                 optional dimension: the judge dimension the label is about (correctness,
+                 truthfulness, helpfulness, harmlessness, or any a profile names)
   grade rows:    prompt, ground_truth (or answer), response, label: 1 / 0 (or true/false,
                  "correct"/"wrong")
 
@@ -44,6 +46,9 @@ from warehouse import TableRef, Warehouse
 log = logging.getLogger("posttrain.genrm.validation")
 ORIGIN_MATH = "math_perturbed"
 ORIGIN_SYNTHETIC = "synthetic"  # items' origin is "synthetic:<task>"
+# what the built items' labels are about: a gold answer against a wrong one differs in correctness
+CONSTRUCTED_DIMENSION = "correctness"
+_DIMENSION_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _PAIR_FIELDS = {"first": ("first", "response_a", "reference", "chosen_first"),
                 "second": ("second", "response_b", "response", "candidate")}
@@ -90,7 +95,8 @@ def math_benchmark_items(prompts: pl.DataFrame, n_items: int, seed: int) -> list
         first, second = (bad, right) if correct_second else (right, bad)
         base = {"origin": ORIGIN_MATH, "prompt": row["prompt"], "source_id": row["id"], "file": None, "line": None}
         items.append({**base, "item_id": stable_id(ORIGIN_MATH, row["id"], "pair"), "kind": "pairwise",
-                      "ground_truth": gold, "first": first, "second": second, "label": 1 if correct_second else -1})
+                      "ground_truth": gold, "first": first, "second": second, "label": 1 if correct_second else -1,
+                      "dimension": CONSTRUCTED_DIMENSION})
         for tag, response, label in (("right", right, 1), ("wrong", bad, 0)):
             items.append({**base, "item_id": stable_id(ORIGIN_MATH, row["id"], tag), "kind": "grade",
                           "ground_truth": gold, "first": None, "second": response, "label": label})
@@ -149,7 +155,8 @@ def _synthetic_item(task, instance, kind: str, flip: bool, rng: random.Random) -
     if kind == "pairwise":
         pair = judge_pair(task, instance, gold_second=flip, rng=rng)
         return None if pair is None else {"prompt": pair.question, "ground_truth": pair.gold, "first": pair.first,
-                                          "second": pair.second, "label": pair.label}
+                                          "second": pair.second, "label": pair.label,
+                                          "dimension": CONSTRUCTED_DIMENSION}
     if kind == "grade":
         grade = judge_grade(task, instance, consistent=not flip, rng=rng)
         return None if grade is None else {"prompt": grade.question, "ground_truth": grade.ground_truth,
@@ -207,9 +214,16 @@ def labelled_item(rec: RawRecord, origin: str) -> dict:
         raise _RowError(s_name or "second", "missing_required_field")
     if kind == "pairwise" and (first is None or not str(first).strip()):
         raise _RowError(f_name or "first", "missing_required_field")
+    dimension = data.get("dimension")
+    if dimension is not None and (kind != "pairwise" or not isinstance(dimension, str)
+                                  or not _DIMENSION_NAME.match(dimension.strip().lower())):
+        raise _RowError("dimension", "bad_dimension: a pairwise row's dimension is a lowercase name like "
+                                     f"'correctness', got {dimension!r}" + ("" if kind == "pairwise" else
+                                                                            " on a grade row"))
     return {"item_id": stable_id(origin, str(rec.line), prompt, str(first), str(second)), "origin": origin,
             "kind": kind, "prompt": prompt, "ground_truth": None if truth is None else str(truth),
             "first": None if first is None else str(first), "second": str(second), "label": label,
+            "dimension": dimension.strip().lower() if dimension else None,
             "source_id": None, "file": rec.file, "line": rec.line}
 
 
@@ -281,8 +295,9 @@ def judge_accuracy(judge: GenRMJudge, benchmark: pl.DataFrame, run_id: str | Non
     grades = benchmark.filter(pl.col("kind") == "grade").to_dicts()
     if pairs:
         decisions = judge.compare([PairRequest(r["prompt"], r["first"], r["second"]) for r in pairs])
-        hits = [d.verdict == r["label"] for r, d in zip(pairs, decisions)]
+        hits = [judged_verdict(d, r.get("dimension")) == r["label"] for r, d in zip(pairs, decisions)]
         result.metrics["pairwise_accuracy"] = sum(hits) / len(hits)
+        result.metrics.update(dimension_metrics(judge, pairs, decisions))
         result.metrics["pairwise_unreadable"] = sum(d.verdict is None for d in decisions) / len(decisions)
         result.metrics["pairwise_items"] = float(len(pairs))
         result.metrics.update(pairwise_sample_metrics(pairs, decisions, "pairwise"))
@@ -306,6 +321,38 @@ def judge_accuracy(judge: GenRMJudge, benchmark: pl.DataFrame, run_id: str | Non
     if any(w for w in weights):
         result.metrics["accuracy"] = sum((a or 0.0) * w for a, w in zip(scored, weights)) / sum(weights)
     return result
+
+
+def judged_verdict(decision, dimension: str | None) -> int | None:
+    """The verdict an item labelled on ``dimension`` is scored by: that dimension's own, when the
+    judge judged it, else the overall one."""
+    if dimension and decision.dimensions is not None and dimension in decision.dimensions:
+        return decision.dimensions[dimension]
+    return decision.verdict
+
+
+def dimension_metrics(judge: GenRMJudge, items: Sequence[dict], decisions: Sequence) -> dict[str, float]:
+    """Per judged dimension: ``pairwise_accuracy.<d>`` over the items labelled on it (their label
+    against the dimension's own verdict, unreadable counting as wrong), ``pairwise_items.<d>``, and
+    ``pairwise_unreadable.<d>`` over every pair (a dimension the judge left out of its reply).
+    Items labelled on a dimension the judge does not judge are counted in
+    ``pairwise_items_unjudged_dimension`` (they are scored by the overall verdict)."""
+    names = [d.name for d in judge.cfg.dimensions]
+    out: dict[str, float] = {}
+    if not names:
+        return out
+    for name in names:
+        mine = [(r, d) for r, d in zip(items, decisions) if r.get("dimension") == name]
+        if mine:
+            out[f"pairwise_accuracy.{name}"] = sum(d.dimensions.get(name) == r["label"] if d.dimensions else False
+                                                   for r, d in mine) / len(mine)
+            out[f"pairwise_items.{name}"] = float(len(mine))
+        read = [d for d in decisions if d.dimensions is not None]
+        if read:
+            out[f"pairwise_unreadable.{name}"] = sum(d.dimensions.get(name) is None for d in read) / len(read)
+    out["pairwise_items_unjudged_dimension"] = float(sum(
+        1 for r in items if r.get("dimension") and r["dimension"] not in names))
+    return out
 
 
 def synthetic_groups(items: Sequence[dict], decisions: Sequence) -> list[tuple[str, list, list]]:

@@ -140,6 +140,13 @@ class GenRMRewardConfig(_Strict):
     reference_fields: list[str] = Field(
         default_factory=lambda: ["solution", "answer"],
         description="row fields used as the reference when the references table has none for the prompt")
+    # M1's STEM case: a prompt with a ground-truth answer no rule can check is graded against it
+    grade_domains: list[str] = Field(
+        default_factory=lambda: ["science"],
+        description="prompt domains whose responses the GenRM grades against the row's ground truth on the "
+                    "five-grade scale (judge.grade_rewards) instead of a verifier")
+    grade_fields: list[str] = Field(default_factory=lambda: ["answer"],
+                                    description="row fields read as the ground truth of a graded prompt")
 
     @model_validator(mode="after")
     def _verdicts(self) -> GenRMRewardConfig:
@@ -147,6 +154,10 @@ class GenRMRewardConfig(_Strict):
             raise ValueError(f"rl.genrm.verdict_rewards must map -1, 0 and 1, got {sorted(self.verdict_rewards)}")
         if any(not 0.0 <= r <= 1.0 for r in self.verdict_rewards.values()):
             raise ValueError(f"rl.genrm.verdict_rewards values must lie in [0, 1], got {self.verdict_rewards}")
+        both = sorted(set(self.domains) & set(self.grade_domains))
+        if both:
+            raise ValueError(f"rl.genrm: domain(s) {both} are in both domains (pairwise against a reference) and "
+                             "grade_domains (graded against the ground truth); put each in one")
         return self
 
 

@@ -138,10 +138,11 @@ def level_mix(rows: list[dict]) -> dict[str, float]:
 
 def checked_samples(seen: list):
     """(row, solved) of every sample of a step whose correctness a verifier decided (a GenRM
-    sample has no checkable solve), from the step's (row, completions, scored, round) groups."""
+    sample, pairwise or graded, has no checkable solve), from the step's (row, completions, scored,
+    round) groups."""
     for row, _completions, scored, _round in seen:
         for s in scored:
-            if s.scorer != "genrm" and s.correct is not None:
+            if not s.scorer.startswith("genrm") and s.correct is not None:
                 yield row, s.correct == 1.0
 
 

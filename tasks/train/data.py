@@ -537,7 +537,8 @@ def rl_genrm_prompts(wh: Warehouse, cfg: TrainConfig, sources: dict[str, TableRe
         return 0
     pinned = None if sources is None else {t: wh.pinned(t, sources) for t in TRAINING_TABLES["rl_prompts"].sources}
     frame, _, _ = build_rl_prompts(Sources(wh, "rl_prompts", pinned), cfg)
-    return 0 if frame.is_empty() else frame.filter(pl.col("domain").is_in(cfg.rl.genrm.domains)).height
+    judged = [*cfg.rl.genrm.domains, *cfg.rl.genrm.grade_domains]
+    return 0 if frame.is_empty() else frame.filter(pl.col("domain").is_in(judged)).height
 
 
 def build_agent_tasks(src: Sources, cfg: TrainConfig) -> tuple[pl.DataFrame, list[TableRef], BuildReport]:

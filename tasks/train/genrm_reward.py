@@ -10,6 +10,16 @@ an unreadable verdict, or a prompt with no reference to compare with, is paid as
 counted as *unread* (``genrm_unread``): its correctness is unknown, so it stays out of the
 length-bias monitor and its correction.
 
+With ``judge.dimensions`` (MiniMax-01's correctness, truthfulness, helpfulness, harmlessness) each
+dimension gets its own verdict, paid by ``verdict_rewards`` and mixed by the dimensions' weights
+into the sample's reward; each dimension's mean reward is logged (``genrm_dim.<name>``), and the
+decision's verdict (the sign of the weighted mean) is its correctness.
+
+A prompt in ``grade_domains`` (M1's STEM case: a ground-truth answer no rule can check) is graded
+against that answer on the five-grade scale (``judge.grade_rewards``), one ``grade`` call a round;
+an unreadable grade, or a prompt without a ground truth, is paid as grade 3 and counted unread.
+No length correction applies to a grade: the calibration is fit on pairwise rewards.
+
 All GenRM samples of a sampling round go to the judge in one ``compare`` call. Every
 scored sample also carries its *correctness* for the length-bias monitor: the verifier's
 for rule-scored samples, ``verdict >= 0`` for GenRM samples the judge read (None: unread).
@@ -39,7 +49,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tasks.genrm.judge import Constraints, GenRMJudge, PairRequest, constraints_from_metadata
+from tasks.genrm.consistency import PairDecision
+from tasks.genrm.judge import (
+    Constraints,
+    GenRMJudge,
+    GradeRequest,
+    PairRequest,
+    constraints_from_metadata,
+)
 from tasks.genrm.length_bias import (
     CALIBRATIONS_TABLE,
     LengthCorrection,
@@ -74,10 +91,11 @@ def clip_reward(value: float) -> float:
 class ScoredSample:
     reward: float                 # in [0, 1]
     correct: float | None         # what the length-bias monitor holds fixed (None: unread verdict)
-    scorer: str                   # "verifier" | "genrm" | "custom"
+    scorer: str                   # "verifier" | "genrm" | "genrm_grade" | "custom"
     verdict: int | None = None    # GenRM only: the judge's verdict (None = unreadable or no reference)
     status: str = ""              # GenRM only: the decision's status ("consistent", "rule", "unparseable", ...)
     in_format: bool | None = None  # verifier only, with the format reward on: the answer's format was the asked one
+    dimensions: dict[str, float] | None = None   # GenRM on dimensions: each read dimension's reward
 
 
 @dataclass
@@ -98,6 +116,21 @@ class RewardCounters:
     format_checked: int = 0        # rule-scored samples whose format the format reward checked
     format_missed: int = 0         # ... not in the asked format
     format_cost_correct: int = 0   # ... of them right: the reward the format took away
+    genrm_graded: int = 0          # grade_domains samples graded against their ground truth
+    genrm_grade_unread: int = 0    # ... whose grade could not be read (or without a ground truth)
+    grade_reward_sum: float = 0.0  # ... the rewards of the read grades, summed
+    dimension_reward_sum: dict[str, float] = field(default_factory=dict)   # per dimension, over read verdicts
+    dimension_read: dict[str, int] = field(default_factory=dict)
+    dimension_unread: dict[str, int] = field(default_factory=dict)
+
+    def count_dimensions(self, sample: ScoredSample, names: list[str]) -> None:
+        for name in names:
+            value = (sample.dimensions or {}).get(name)
+            if value is None:
+                self.dimension_unread[name] = self.dimension_unread.get(name, 0) + 1
+            else:
+                self.dimension_read[name] = self.dimension_read.get(name, 0) + 1
+                self.dimension_reward_sum[name] = self.dimension_reward_sum.get(name, 0.0) + value
 
     def count_verification(self, domain: str, error: str | None) -> bool:
         """Count one verifier call; True for the step's first error (the one worth a log line)."""
@@ -126,6 +159,16 @@ class RewardCounters:
                 **({"format_miss_fraction": self.format_missed / self.format_checked,
                     "format_cost_correct_fraction": self.format_cost_correct / self.format_checked}
                    if self.format_checked else {}),
+                **({"genrm_graded": float(self.genrm_graded),
+                    "genrm_grade_unread_fraction": self.genrm_grade_unread / self.genrm_graded,
+                    "genrm_grade_reward": (self.grade_reward_sum / (self.genrm_graded - self.genrm_grade_unread)
+                                           if self.genrm_graded > self.genrm_grade_unread else 0.0)}
+                   if self.genrm_graded else {}),
+                **{f"genrm_dim.{d}": self.dimension_reward_sum.get(d, 0.0) / k
+                   for d, k in sorted(self.dimension_read.items()) if k},
+                **{f"genrm_dim_unread_fraction.{d}": self.dimension_unread.get(d, 0) / (
+                    self.dimension_unread.get(d, 0) + self.dimension_read.get(d, 0))
+                   for d in sorted({*self.dimension_read, *self.dimension_unread})},
                 **{f"verify_errors.{d}": float(k) for d, k in sorted(self.verify_errors.items())}}
 
 
@@ -246,17 +289,31 @@ class DomainReward:
         return {"judge_model": self.judge_model, "base_calibration": active.as_dict() if active else None}
 
     def uses_genrm(self, row: dict) -> bool:
-        return self.cfg.enabled and self.custom is None and row["domain"] in self.cfg.domains
+        """Whether the GenRM scores the row (pairwise against a reference, or graded)."""
+        return self.cfg.enabled and self.custom is None and (
+            row["domain"] in self.cfg.domains or row["domain"] in self.cfg.grade_domains)
+
+    def graded(self, row: dict) -> bool:
+        return row["domain"] in self.cfg.grade_domains
 
     def score(self, rows: list[dict], groups: list[list[Completion]], counters: RewardCounters,
               step: int = 0, round_: int = 0) -> list[list[ScoredSample]]:
         out: list[list[ScoredSample | None]] = [[None] * len(g) for g in groups]
         pending: list[_Pending] = []
+        grading: list[tuple[int, int, GradeRequest]] = []   # (group, sample, request) graded vs the ground truth
         rule: list[tuple[int, int]] = []    # (group, sample) scored by the verifiers
         for gi, (row, completions) in enumerate(zip(rows, groups)):
             for si, c in enumerate(completions):
                 if not self.uses_genrm(row):
                     rule.append((gi, si))
+                    continue
+                if self.graded(row):
+                    truth = stored_reference(row, self.cfg.grade_fields)
+                    if truth is None:
+                        counters.genrm_no_reference += 1
+                        out[gi][si] = self._grade_sample(None, "no_reference")
+                    else:
+                        grading.append((gi, si, GradeRequest(row["prompt"], truth, c.text)))
                     continue
                 request = self._request(row, c.text)
                 if request is None:
@@ -274,7 +331,7 @@ class DomainReward:
             # a round whose every pair the rule constraints decided never reached the judge model
             counters.judge_calls += any(d.status != "rule" for d in decisions)
             for p, decision in zip(pending, decisions, strict=True):
-                sample = self._genrm_sample(decision.verdict, decision.status)
+                sample = self._pair_sample(decision)
                 out[p.group][p.sample] = self._corrected(sample, len(groups[p.group][p.sample].token_ids), counters)
                 prompt_id = rows[p.group]["prompt_id"]
                 self.judgments += judgment_rows(
@@ -282,10 +339,27 @@ class DomainReward:
                     match_id=None, first_id="reference",
                     second_id=f"{self.rollout_prefix}:{step}:{round_}:{prompt_id}:{p.sample}",
                     judge_model=getattr(self._backend, "name", "judge"))
+        if grading:
+            grades = self._judge(step, round_, grading=True).grade([g for _, _, g in grading])
+            counters.judge_calls += 1
+            for (gi, si, _), decision in zip(grading, grades, strict=True):
+                out[gi][si] = self._grade_sample(decision.reward, decision.status)
+                prompt_id = rows[gi]["prompt_id"]
+                self.judgments += judgment_rows(
+                    decision.samples, run_id=self.run_id, context="rl", kind="grade", prompt_id=prompt_id,
+                    match_id=None, first_id=f"{self.rollout_prefix}:{step}:{round_}:{prompt_id}:{si}",
+                    second_id=None, judge_model=getattr(self._backend, "name", "judge"))
+        names = [d.name for d in self.cfg.judge.dimensions]
         for samples in out:
             for s in samples:
+                if s is not None and s.scorer == "genrm_grade":
+                    counters.genrm_graded += 1
+                    counters.genrm_grade_unread += s.correct is None
+                    counters.grade_reward_sum += s.reward if s.correct is not None else 0.0
                 if s is not None and s.scorer == "genrm":
                     counters.genrm_scored += 1
+                    if names and s.status != "rule" and s.status != "no_reference":
+                        counters.count_dimensions(s, names)
                     counters.genrm_unparseable += s.status == "unparseable"
                     counters.genrm_position_disagreement += s.status == "position_disagreement"
                     counters.genrm_rule_decided += s.status == "rule"
@@ -363,20 +437,40 @@ class DomainReward:
             return ScoredSample(self.cfg.verdict_rewards[0], None, "genrm", None, status)
         return ScoredSample(self.cfg.verdict_rewards[verdict], 1.0 if verdict >= 0 else 0.0, "genrm", verdict, status)
 
+    def _pair_sample(self, decision: PairDecision) -> ScoredSample:
+        """The reward of a pairwise decision: its verdict's, or on dimensions the weighted mean of
+        each read dimension's verdict reward (its correctness: the combined verdict >= 0)."""
+        sample = self._genrm_sample(decision.verdict, decision.status)
+        if decision.dimensions is None or decision.verdict is None:
+            return sample
+        weights = {d.name: d.weight for d in self.cfg.judge.dimensions}
+        rewards = {name: self.cfg.verdict_rewards[v] for name, v in decision.dimensions.items() if v is not None}
+        total = sum(weights.get(name, 0.0) for name in rewards)
+        reward = sum(weights.get(name, 0.0) * r for name, r in rewards.items()) / total if total else sample.reward
+        return replace(sample, reward=clip_reward(reward), dimensions=rewards)
+
+    def _grade_sample(self, reward: float | None, status: str) -> ScoredSample:
+        """A graded sample: its grade's reward, correct when at least 0.5; an unread grade (or no
+        ground truth) is paid as grade 3 with its correctness unknown."""
+        if reward is None:
+            return ScoredSample(self.cfg.judge.grade_rewards[3], None, "genrm_grade", None, status)
+        return ScoredSample(clip_reward(reward), 1.0 if reward >= 0.5 else 0.0, "genrm_grade", None, status)
+
     def _request(self, row: dict, response: str) -> PairRequest | None:
         reference = self.references.get(row["prompt_id"]) or stored_reference(row, self.cfg.reference_fields)
         if reference is None:
             return None
         return PairRequest(row["prompt"], reference, response, row_constraints(row))
 
-    def _judge(self, step: int, round_: int) -> GenRMJudge:
+    def _judge(self, step: int, round_: int, grading: bool = False) -> GenRMJudge:
         if self._backend is None:
             if self.judge_backend is None:
-                raise ValueError("rl.genrm: open-domain prompts need a judge backend, none was given")
+                raise ValueError("rl.genrm: open-domain and graded prompts need a judge backend, none was given")
             self._backend = self.judge_backend()
         # a fresh judge per round: its seeds depend on (seed, step, round) only, so a
-        # resumed run judges a step exactly as the first attempt did
-        return GenRMJudge(self._backend, self.cfg.judge, seed=self.seed * 1_000_003 + step * 7919 + round_)
+        # resumed run judges a step exactly as the first attempt did (grading on seeds of its own)
+        seed = self.seed * 1_000_003 + step * 7919 + round_ + (500_009 if grading else 0)
+        return GenRMJudge(self._backend, self.cfg.judge, seed=seed)
 
 
 def references_by_prompt(references, prompt_ids: set[str]) -> dict[str, str]:

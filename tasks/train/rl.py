@@ -184,12 +184,13 @@ def _monitor_inputs(seen: list) -> tuple[list[float], list[int], list[float]]:
     Verifier-scored samples are left out: their reward is their correctness, so they carry
     no length signal and would only dilute the statistic and the fitted correction. So are
     GenRM samples whose verdict was not read (unparseable, no reference): their correctness
-    is unknown, and the tie they are paid says nothing of their length.
+    is unknown, and the tie they are paid says nothing of their length. So are graded samples
+    (``grade_domains``): the correction the monitor's events fit applies to pairwise rewards only.
     """
     rewards, lengths, correct = [], [], []
     for _row, completions, scored, _round in seen:
         for c, s in zip(completions, scored):
-            if s.scorer == "verifier" or s.correct is None:
+            if s.scorer in ("verifier", "genrm_grade") or s.correct is None:
                 continue
             rewards.append(s.reward)
             lengths.append(len(c.token_ids))
