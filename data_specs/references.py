@@ -79,7 +79,7 @@ TOURNAMENTS = register(TableSpec(
 ))
 
 REFERENCES = register(TableSpec(
-    "references", version=1, key=("prompt_id", "run_id"),
+    "references", version=2, key=("prompt_id", "run_id"),
     description="The chosen reference answer per open prompt (the Swiss winner).",
     columns=[
         Column("prompt_id", pl.Utf8, required=True),
@@ -97,6 +97,9 @@ REFERENCES = register(TableSpec(
         Column("decided_by", pl.Utf8, required=True, allowed=TIE_BREAKS,
                description="the first ranking key that separated the winner from the runner-up"),
         Column("judge_model", pl.Utf8, required=True),
+        Column("row_key", pl.Utf8, description="digest of what the reference depends on (prompt, candidate sources "
+                                               "and their models, judge and its settings, Swiss settings, seed): a "
+                                               "later run with the same key reuses it. v2"),
     ],
 ))
 

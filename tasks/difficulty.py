@@ -24,11 +24,11 @@ import json
 import logging
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tasks.model_cache import model_identity
 from tasks.passk import pass_at_k
 from tasks.rollout.base import RolloutBackend
 from tasks.scoring import (
@@ -130,17 +130,6 @@ def pass_rate_histogram(difficulty: pl.DataFrame):
 def rl_side(df: pl.DataFrame) -> pl.DataFrame:
     """Only rows that can feed RL: synthetic instances assigned to the SFT side never do."""
     return df.filter(pl.col("split") == "rl") if "split" in df.columns else df
-
-
-def model_identity(model: str) -> str:
-    """What names a model's weights: for a checkpoint directory, its path and each file's size and
-    modification time (a stage trained again on new data rewrites the same path); else the name."""
-    path = Path(model)
-    if not path.is_dir():
-        return model
-    files = sorted((f.relative_to(path).as_posix(), f.stat().st_size, f.stat().st_mtime_ns)
-                   for f in path.rglob("*") if f.is_file())
-    return f"{model}#{hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16]}"
 
 
 def row_key(row: dict, domain: str, rendered: str, model: str, cfg: DifficultyConfig) -> str:

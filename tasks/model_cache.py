@@ -7,6 +7,8 @@ for the first one instead of building twice.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -36,3 +38,14 @@ def build_once(root: Path, name: str, build: Callable[[Path], None]) -> Path:
         build(tmp)
         tmp.rename(target)
     return target
+
+
+def model_identity(model: str) -> str:
+    """What names a model's weights: for a checkpoint directory, its path and each file's size and
+    modification time (a stage trained again on new data rewrites the same path); else the name."""
+    path = Path(model)
+    if not path.is_dir():
+        return model
+    files = sorted((f.relative_to(path).as_posix(), f.stat().st_size, f.stat().st_mtime_ns)
+                   for f in path.rglob("*") if f.is_file())
+    return f"{model}#{hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16]}"

@@ -191,6 +191,9 @@ class ReferencesConfig(BaseModel):
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     length_bias: LengthBiasConfig = Field(default_factory=LengthBiasConfig)
     seed: int = 0
+    reuse: bool = Field(True, description="a prompt whose reference an earlier run chose with the same row_key "
+                                          "(prompt, candidate sources and models, judge and settings) keeps it: "
+                                          "only new or changed prompts are sampled and played")
 
     @model_validator(mode="after")
     def _unique_sources(self) -> ReferencesConfig:

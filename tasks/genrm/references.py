@@ -5,9 +5,16 @@ solution/answer, completions of one or more rollout backends). All prompts' tour
 advance in lockstep, so each Swiss round is one batched judge call. Every raw judge output
 goes to ``judgments``, every game and bye to ``swiss_matches``, the final standings to
 ``tournaments`` and the winners to ``references``.
+
+Incremental per row (``reuse``): each reference carries a ``row_key``, the digest of what it
+depends on (the prompt, its stored candidate texts and constraints, the candidate sources with
+their models' identities, the judge's model identity and settings, the Swiss settings and the
+seed). A prompt whose current reference has the key this run would give it keeps that
+reference: only new or changed prompts are sampled and played (``ReferencesReport.reused``).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections import Counter
@@ -23,6 +30,7 @@ from tasks.genrm.consistency import JudgeSample, PairDecision
 from tasks.genrm.judge import Constraints, GenRMJudge, PairRequest, constraints_from_metadata
 from tasks.genrm.models import resolve_rollout
 from tasks.genrm.swiss import Pairing, Standing, SwissTournament, buchholz
+from tasks.model_cache import model_identity
 from tasks.rollout.base import RolloutBackend
 from tasks.rollout.chat import render_prompt
 from tasks.rollout.config import RolloutConfig
@@ -62,6 +70,7 @@ class ReferencesReport:
     prompts: int = 0
     candidates: int = 0
     references: int = 0
+    reused: int = 0          # prompts whose earlier reference had this run's row_key: not played again
     no_candidates: int = 0
     duplicate_candidates: int = 0
     empty_candidates: int = 0
@@ -75,7 +84,7 @@ class ReferencesReport:
 
     def as_counters(self) -> dict[str, float]:
         samples = sum(self.parse_counts.values())
-        out = {k: float(getattr(self, k)) for k in ("prompts", "candidates", "references", "no_candidates",
+        out = {k: float(getattr(self, k)) for k in ("prompts", "candidates", "references", "reused", "no_candidates",
                                                      "duplicate_candidates", "empty_candidates", "bad_constraints",
                                                      "games", "byes")}
         out["judge_samples"] = float(samples)
@@ -296,7 +305,8 @@ def _match_id(run_id: str | None, pid: str, round_number: int, first: str, secon
 
 
 def tournament_rows(played: _Played, prompts: list[OpenPrompt], candidates: dict[str, list[Candidate]],
-                    judge_model: str, run_id: str | None) -> dict[str, list[dict]]:
+                    judge_model: str, run_id: str | None, keys: Mapping[str, str] | None = None
+                    ) -> dict[str, list[dict]]:
     by_id = {p.prompt_id: p for p in prompts}
     out: dict[str, list[dict]] = {"judgments": [], "swiss_matches": [], "tournaments": [], "references": []}
     for pid, t in played.tournaments.items():
@@ -330,8 +340,39 @@ def tournament_rows(played: _Played, prompts: list[OpenPrompt], candidates: dict
             "prompt": prompt.prompt, "reference": cands[best.candidate].text, "candidate_id": best.candidate,
             "candidate_source": cands[best.candidate].source, "points": best.points,
             "buchholz": tie_break[best.candidate], "n_candidates": len(ranking), "rounds_played": t.rounds_played,
-            "decided_by": decided_by(ranking), "judge_model": judge_model})
+            "decided_by": decided_by(ranking), "judge_model": judge_model, "row_key": (keys or {}).get(pid)})
     return out
+
+
+def _backend_model(backend: Any, fallback: str | None) -> str:
+    return model_identity(str(getattr(backend, "model_name", None) or fallback or getattr(backend, "name", "")))
+
+
+def reference_keys(prompts: list[OpenPrompt], cfg: ReferencesConfig, judge: PairJudge,
+                   backends: Mapping[str, RolloutBackend]) -> dict[str, str]:
+    """prompt_id -> the digest of everything its reference depends on."""
+    sources = [{**s.model_dump(), "model": _backend_model(backends.get(s.name), s.rollout.model if s.rollout else None)}
+               if s.kind == "backend" else s.model_dump() for s in cfg.candidates]
+    judge_part = {"model": model_identity(judge.model_name), "settings": getattr(judge, "cfg", cfg.judge).model_dump()}
+    shared = {"sources": sources, "judge": judge_part, "swiss": cfg.swiss.model_dump(), "seed": cfg.seed}
+    out = {}
+    for p in prompts:
+        stored = {s.name: _stored_text(p.row, s) for s in cfg.candidates if s.kind == "stored"}
+        parts = {"prompt": p.prompt, "domain": p.domain, "table": p.source_table, "stored": stored,
+                 "constraints": p.constraints.model_dump() if p.constraints else None, **shared}
+        out[p.prompt_id] = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    return out
+
+
+def reusable_references(wh: Warehouse, keys: Mapping[str, str]) -> set[str]:
+    """The prompts whose current reference was chosen with the key this run gives them."""
+    if not wh.exists("references"):
+        return set()
+    current = current_references(wh)
+    if "row_key" not in current.columns:
+        return set()
+    return {r["prompt_id"] for r in current.select("prompt_id", "row_key").iter_rows(named=True)
+            if r["row_key"] is not None and keys.get(r["prompt_id"]) == r["row_key"]}
 
 
 def run_references(wh: Warehouse, cfg: ReferencesConfig, judge_backend: Any,
@@ -352,11 +393,19 @@ def run_references(wh: Warehouse, cfg: ReferencesConfig, judge_backend: Any,
         log.warning("references: no open prompts in %s (domains %s) and none passed",
                     cfg.prompts.tables, cfg.prompts.domains)
         return report
-    candidates = gather_candidates(open_prompts, cfg.candidates, candidate_backends or {}, cfg.seed, report)
+    keys = reference_keys(open_prompts, cfg, judge, candidate_backends or {})
+    reused = reusable_references(wh, keys) if cfg.reuse else set()
+    report.reused = len(reused)
+    if reused:
+        log.info("references: %d of %d prompts keep the reference an earlier run chose with the same key; "
+                 "playing %d", len(reused), len(open_prompts), len(open_prompts) - len(reused))
+    open_prompts = [p for p in open_prompts if p.prompt_id not in reused]
+    candidates = gather_candidates(open_prompts, cfg.candidates, candidate_backends or {}, cfg.seed, report) \
+        if open_prompts else {}
     report.candidates = sum(len(c) for c in candidates.values())
     report.no_candidates = sum(1 for c in candidates.values() if not c)
     played = play_tournaments(open_prompts, candidates, judge, cfg, report)
-    rows = tournament_rows(played, open_prompts, candidates, judge.model_name, run_id)
+    rows = tournament_rows(played, open_prompts, candidates, judge.model_name, run_id, keys)
     for name in ("judgments", "swiss_matches", "tournaments", "references"):
         report.refs[name] = wh.append(name, _frame(name, rows[name]), parents=report.inputs)
     report.references = len(rows["references"])
