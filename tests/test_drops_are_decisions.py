@@ -221,3 +221,64 @@ def test_gold_worked_solutions_are_cleaned_like_teacher_samples(tmp_path):
     refs, _ = write_training_tables(wh, TrainConfig(data={"gold_fallback_domains": ["math", "logic"],
                                                           "gold_clean": None}), tokenizer, ["sft_data"])
     assert {"m-nonsense", "m-repeats", "m-terse"} <= set(wh.read_ref(refs["sft_data"])["source_id"])
+
+
+class ReasoningJudge:
+    """Test fake of a judge backend (no model can judge in a unit test): grades a worked solution's
+    reasoning [[5]] when it says 'because', [[1]] when it says 'nonsense', and answers unreadably
+    otherwise. Records the prompts it was asked."""
+
+    name = "scripted-reasoning-judge"
+    model_name = "scripted-reasoning-judge"
+
+    def __init__(self):
+        self.prompts: list[str] = []
+
+    def format_chat(self, messages):
+        return messages[-1]["content"]
+
+    def generate(self, prompts, params):
+        from tasks.rollout.base import Completion
+
+        self.prompts += prompts
+        def reply(p):
+            solution = p.split("[Worked solution]\n")[1]
+            return "[[5]]" if "because" in solution else "[[1]]" if "nonsense" in solution else "hmm"
+        return [[Completion(reply(p)) for _ in range(params.n)] for p in prompts]
+
+
+def test_a_judge_model_checks_the_reasoning_of_gold_worked_solutions(tmp_path, monkeypatch):
+    """M2's rule-plus-LLM-judge cleaning: the gold solutions the rules pass go to the judge, which
+    grades their reasoning; below min_grade they are removed (gold_judge_rejected), an unread
+    grade is kept or dropped as configured (gold_judge_unread); bare answers and solutions the
+    rules already removed never reach it."""
+    from transformers import AutoTokenizer
+
+    from tasks.rollout import factory
+    from tasks.rollout.tiny_model import tiny_llama_path
+    from warehouse import Warehouse
+
+    wh = Warehouse(tmp_path)
+    pool = [pool_row("m-sound", "math", "What is 2+2?", "4", "Two and two make four because 2+2=4, \\boxed{4}."),
+            pool_row("m-bogus", "math", "What is 1+3?", "4", "By some nonsense identity x = y we get \\boxed{4}."),
+            pool_row("m-mute", "math", "What is 3+1?", "4", "Three plus one is the number four, \\boxed{4}."),
+            pool_row("m-terse", "math", "What is 0+4?", "4", "\\boxed{4}"),        # the rules remove it
+            pool_row("m-bare", "math", "What is 4+0?", "4")]                       # no worked solution
+    wh.write("sft_pool", pl.DataFrame(pool))
+    wh.write("synthetic_tasks", pl.DataFrame(synthetic_rows("object_counting", 2), infer_schema_length=None))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_path(home=wh.home))
+    judge = ReasoningJudge()
+    monkeypatch.setattr(factory, "make_backend", lambda rollout: judge)
+    judged = {"gold_fallback_domains": ["math", "logic"],
+              "gold_judge": {"enabled": True, "judge": {"consistency": {"blind_samples": 2}}}}
+    frame, decisions, _ = build(wh, tokenizer, "sft_data", TrainConfig(data=judged))
+    why = reasons_of(decisions)
+    assert why == {"m-bogus": ["gold_judge_rejected"], "m-terse": ["gold_no_reasoning"]}
+    assert {"m-sound", "m-mute", "m-bare"} <= set(frame["source_id"])
+    # one call: the three worked solutions the rules passed (two blind samples each), answer shown
+    assert len(judge.prompts) == 3 and all("[Final answer]\n4" in p for p in judge.prompts)
+    assert not any("What is 0+4?" in p or "What is 4+0?" in p for p in judge.prompts)
+
+    strict = {**judged, "gold_judge": {**judged["gold_judge"], "on_unread": "drop"}}
+    frame, decisions, _ = build(wh, tokenizer, "sft_data", TrainConfig(data=strict))
+    assert reasons_of(decisions)["m-mute"] == ["gold_judge_unread"] and "m-mute" not in set(frame["source_id"])

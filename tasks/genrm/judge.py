@@ -33,7 +33,7 @@ from tasks.genrm.parse import (
     parse_grade,
     parse_pairwise,
 )
-from tasks.genrm.prompts import grade_prompt, pairwise_prompt
+from tasks.genrm.prompts import grade_prompt, pairwise_prompt, reasoning_prompt
 from tasks.rollout.base import RolloutBackend
 
 # -- rule constraints ----------------------------------------------------------------------
@@ -271,8 +271,17 @@ class GenRMJudge:
 
     def grade(self, requests: list[GradeRequest]) -> list[GradeDecision]:
         """Five-grade answer-consistency reward for every request, from k blind samples."""
-        prompts = [self._render(grade_prompt(r.question, r.ground_truth, r.response, self.cfg.max_response_chars))
-                   for r in requests]
+        return self._graded([grade_prompt(r.question, r.ground_truth, r.response, self.cfg.max_response_chars)
+                             for r in requests])
+
+    def check_reasoning(self, requests: list[GradeRequest]) -> list[GradeDecision]:
+        """Five-grade soundness of a worked solution (``response``) that reaches the right answer
+        (``ground_truth``), as a reward in [0, 1] from k blind samples (``grade_rewards``)."""
+        return self._graded([reasoning_prompt(r.question, r.ground_truth, r.response, self.cfg.max_response_chars)
+                             for r in requests])
+
+    def _graded(self, user_turns: list[str]) -> list[GradeDecision]:
+        prompts = [self._render(t) for t in user_turns]
         texts = self._sample(prompts, self.cfg.consistency.blind_samples)
         out = []
         for i, outs in enumerate(texts):

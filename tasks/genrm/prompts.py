@@ -1,4 +1,5 @@
-"""Judge prompt templates: five-grade answer consistency, pairwise comparison, and pairwise
+"""Judge prompt templates: five-grade answer consistency, five-grade reasoning soundness (a gold
+worked solution checked before SFT trains on it, M2's LLM-judge cleaning), pairwise comparison, and pairwise
 comparison on several dimensions (MiniMax-01's correctness / truthfulness / helpfulness /
 harmlessness, each with its own verdict line ``correctness: [[1]]``).
 
@@ -30,6 +31,26 @@ Explain briefly, then end with the grade in double brackets, e.g. [[5]].
 
 [Response]
 {response}"""
+
+REASONING_TEMPLATE = """You are checking a worked solution to a problem before it is used to teach.
+Judge whether its reasoning is sound: every step follows from the problem and the steps before
+it, and the steps lead to the stated final answer (which is known to be right).
+Use this five-grade scale:
+5 - every step is valid and leads to the answer
+4 - valid reasoning with small gaps or presentation issues
+3 - mostly valid, with a step that is unjustified or unclear
+2 - a wrong step, or the answer does not follow from the steps
+1 - nonsense, unrelated to the problem, or no reasoning at all
+Explain briefly, then end with the grade in double brackets, e.g. [[5]].
+
+[Problem]
+{question}
+
+[Final answer]
+{answer}
+
+[Worked solution]
+{solution}"""
 
 PAIRWISE_TEMPLATE = """You are comparing two answers to the same request.
 Decide whether Answer 2 is worse than, similar to, or better than Answer 1 in
@@ -85,6 +106,11 @@ def clip(text: str | None, max_chars: int) -> str:
 def grade_prompt(question: str, ground_truth: str, response: str, max_chars: int) -> str:
     return GRADE_TEMPLATE.format(question=clip(question, max_chars), ground_truth=clip(ground_truth, max_chars),
                                  response=clip(response, max_chars))
+
+
+def reasoning_prompt(question: str, answer: str, solution: str, max_chars: int) -> str:
+    return REASONING_TEMPLATE.format(question=clip(question, max_chars), answer=clip(answer, max_chars),
+                                     solution=clip(solution, max_chars))
 
 
 def pairwise_prompt(question: str, first: str, second: str, max_chars: int, dimensions=()) -> str:

@@ -388,6 +388,20 @@ class BaseModelConfig(_Strict):
         return self
 
 
+class GoldJudgeConfig(_Strict):
+    """M2's rule-plus-LLM-judge cleaning of gold worked solutions: after the rules (``gold_clean``)
+    pass one, a judge model grades its reasoning on the five-grade scale (``tasks.genrm.prompts.
+    REASONING_TEMPLATE``); below ``min_grade`` it does not train."""
+    enabled: bool = False
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="the judge model, sampling and blind samples")
+    domains: list[str] = Field(default_factory=lambda: ["math", "logic", "code"],
+                               description="the domains whose gold worked solutions the judge checks")
+    min_grade: int = Field(4, ge=1, le=5, description="the lowest grade (mean over blind samples) that trains")
+    on_unread: Literal["keep", "drop"] = Field(
+        "keep", description="a solution whose grade the judge did not give readably: keep it (the rules passed it) "
+                            "or drop it; counted either way (gold_judge_unread)")
+
+
 class DataConfig(_Strict):
     max_sft_examples: int = Field(100_000, ge=1, description="per SFT stage (short, long)")
     max_dpo_pairs: int = Field(50_000, ge=1, description="per DPO stage (short, long)")
@@ -403,6 +417,8 @@ class DataConfig(_Strict):
                     "does (tasks.cleaning): verified, not repetitive, its answer in the domain's format, reasoning "
                     "before it; a rejected one is counted as gold_<reason> (a bare gold answer is not checked). "
                     "None: gold trains unchecked")
+    gold_judge: GoldJudgeConfig = Field(default_factory=GoldJudgeConfig,
+                                        description="the LLM-judge check of a gold solution's reasoning (off: rules only)")
     gold_fallback_domains: list[str] | None = Field(
         None, description="the domains whose prompts fall back to gold (None: every domain): e.g. keep math, whose "
                           "stored solutions reason, and drop logic, whose gold is a bare answer")

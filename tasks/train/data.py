@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from tasks.train.encoding import encode_example, stage_of_length
 from tasks.verify.registry import VERIFIED_FIELDS, verify_with_error
 from warehouse import TableRef, Warehouse
 from warehouse.store import frame_digest
+
+log = logging.getLogger("posttrain.train.data")
 
 
 def _stable_id(*parts: str) -> str:
@@ -242,6 +245,7 @@ def sft_source_rows(src: Sources, cfg: TrainConfig, report: BuildReport | None =
     ``report`` gets each prompt that gave no row as removed, with its reason."""
     refs: list[TableRef] = []
     rows = []
+    golds: list[tuple[int, str, dict]] = []    # (index in rows, prompt id, source row) of each gold target
     sft_side = side_rows(src, "sft", cfg, refs, report=report)
     teacher = kept_teacher_samples(src, refs)
     for pid, r in sft_side.items():
@@ -258,13 +262,60 @@ def sft_source_rows(src: Sources, cfg: TrainConfig, report: BuildReport | None =
         response = _gold_response(r) if fallback else None
         rejected = gold_clean_reason(base["domain"], r, response, cfg.data.gold_clean) if response else None
         if response and rejected is None:
+            golds.append((len(rows), pid, r))
             rows.append({**base, "response": response, "response_source": "gold"})
         elif report is not None:
             report.remove(pid, decision_stage(src.table), f"gold_{rejected}" if rejected else
                           "no_teacher_sample" if not fallback else "no_gold_answer")
+    if cfg.data.gold_judge.enabled:
+        judged_out = gold_judge_rejections(src.wh, cfg, [(i, pid, r, rows[i]) for i, pid, r in golds])
+        for i, reason in sorted(judged_out.items()):
+            if report is not None:
+                report.remove(rows[i]["source_id"], decision_stage(src.table), reason)
+        rows = [row for i, row in enumerate(rows) if i not in judged_out]
     if cfg.data.judge_in_sft:  # the policy learns the GenRM judge's jobs too
         rows += judge_rows(src, cfg, [], report)
     return rows, refs
+
+
+def gold_judge_rejections(wh: Warehouse, cfg: TrainConfig, golds: list[tuple[int, str, dict, dict]],
+                          backend=None) -> dict[int, str]:
+    """M2's LLM-judge check of the gold worked solutions the rules passed: index -> the reason it
+    does not train (``gold_judge_rejected``: graded below ``min_grade``; ``gold_judge_unread``,
+    with ``on_unread: drop``). Only worked solutions (a row with a ``solution``) in the judge's
+    domains are checked, all in one ``check_reasoning`` call; the judge model loads only when there
+    is one to check. ``backend``: a judge backend to use instead of the configured one (tests)."""
+    from tasks.genrm.judge import GenRMJudge, GradeRequest
+
+    judge_cfg = cfg.data.gold_judge
+    todo = [(i, row, target) for i, _pid, row, target in golds
+            if target["domain"] in judge_cfg.domains and str(row.get("solution") or "").strip()]
+    if not todo:
+        return {}
+    if backend is None:
+        from tasks.genrm.models import resolve_rollout
+        from tasks.rollout.factory import make_backend
+
+        backend = make_backend(resolve_rollout(judge_cfg.judge.rollout, str(wh.home)))
+    judge = GenRMJudge(backend, judge_cfg.judge, seed=cfg.seed)
+    requests = [GradeRequest(target["prompt"], str(row.get("answer") or ""), str(row.get("solution")))
+                for _i, row, target in todo]
+    decisions = judge.check_reasoning(requests)
+    # the grade a reward stands for: grade_rewards maps 1..5 to [0, 1], increasing
+    bar = judge_cfg.judge.grade_rewards[judge_cfg.min_grade]
+    out: dict[int, str] = {}
+    unread = 0
+    for (i, _row, _target), decision in zip(todo, decisions, strict=True):
+        if decision.reward is None:
+            unread += 1
+            if judge_cfg.on_unread == "drop":
+                out[i] = "gold_judge_unread"
+        elif decision.reward < bar - 1e-9:
+            out[i] = "gold_judge_rejected"
+    log.info("gold judge: %d worked solutions checked, %d rejected, %d unread (%s)", len(todo),
+             sum(r == "gold_judge_rejected" for r in out.values()), unread,
+             "dropped" if judge_cfg.on_unread == "drop" else "kept")
+    return out
 
 
 def judge_rows(src: Sources, cfg: TrainConfig, refs: list[TableRef], report: BuildReport | None = None) -> list[dict]:
