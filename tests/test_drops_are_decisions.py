@@ -12,6 +12,7 @@ import json
 
 import polars as pl
 import pytest
+from scripted import ScriptedBackend
 
 from tasks.synthesize import generate_task_instances
 from tasks.train.config import TrainConfig
@@ -223,28 +224,11 @@ def test_gold_worked_solutions_are_cleaned_like_teacher_samples(tmp_path):
     assert {"m-nonsense", "m-repeats", "m-terse"} <= set(wh.read_ref(refs["sft_data"])["source_id"])
 
 
-class ReasoningJudge:
-    """Test fake of a judge backend (no model can judge in a unit test): grades a worked solution's
-    reasoning [[5]] when it says 'because', [[1]] when it says 'nonsense', and answers unreadably
-    otherwise. Records the prompts it was asked."""
-
-    name = "scripted-reasoning-judge"
-    model_name = "scripted-reasoning-judge"
-
-    def __init__(self):
-        self.prompts: list[str] = []
-
-    def format_chat(self, messages):
-        return messages[-1]["content"]
-
-    def generate(self, prompts, params):
-        from tasks.rollout.base import Completion
-
-        self.prompts += prompts
-        def reply(p):
-            solution = p.split("[Worked solution]\n")[1]
-            return "[[5]]" if "because" in solution else "[[1]]" if "nonsense" in solution else "hmm"
-        return [[Completion(reply(p)) for _ in range(params.n)] for p in prompts]
+def reasoning_grade(prompt: str) -> str:
+    """A scripted judge's grade of a worked solution's reasoning: [[5]] when it says 'because',
+    [[1]] when it says 'nonsense', unreadable otherwise."""
+    solution = prompt.split("[Worked solution]\n")[1]
+    return "[[5]]" if "because" in solution else "[[1]]" if "nonsense" in solution else "hmm"
 
 
 def test_a_judge_model_checks_the_reasoning_of_gold_worked_solutions(tmp_path, monkeypatch):
@@ -267,7 +251,7 @@ def test_a_judge_model_checks_the_reasoning_of_gold_worked_solutions(tmp_path, m
     wh.write("sft_pool", pl.DataFrame(pool))
     wh.write("synthetic_tasks", pl.DataFrame(synthetic_rows("object_counting", 2), infer_schema_length=None))
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_path(home=wh.home))
-    judge = ReasoningJudge()
+    judge = ScriptedBackend(reasoning_grade)
     monkeypatch.setattr(factory, "make_backend", lambda rollout: judge)
     judged = {"gold_fallback_domains": ["math", "logic"],
               "gold_judge": {"enabled": True, "judge": {"consistency": {"blind_samples": 2}}}}

@@ -1,4 +1,6 @@
 """Multiple-blind votes, position switching and the disagreement policy, on a ScriptedJudge."""
+from scripted import ScriptedBackend
+
 from tasks.genrm.config import ConsistencyConfig
 from tasks.genrm.consistency import (
     BACKWARD,
@@ -140,40 +142,23 @@ def test_bundled_open_prompts_pass_their_own_constraints_with_their_reference():
     assert "open-019" in checked and len(checked) >= 10
 
 
-class ScriptedBackend:
-    """Test fake of a rollout backend: a 'judge' that prefers whichever answer says GOOD."""
-
-    name = "scripted"
-
-    def __init__(self):
-        self.prompts: list[str] = []
-
-    def format_chat(self, messages):
-        return messages[-1]["content"]
-
-    def generate(self, prompts, params):
-        from tasks.rollout.base import Completion
-
-        self.prompts += prompts
-        out = []
-        for p in prompts:
-            if "[Ground-truth answer]" in p:
-                truth = p.split("[Ground-truth answer]\n")[1].split("\n")[0]
-                response = p.split("[Response]\n")[1].split("\n\n")[0]
-                text = "[[5]]" if truth in response else "[[1]]"
-            else:
-                first = p.split("[Answer 1]\n")[1].split("[Answer 2]")[0]
-                second = p.split("[Answer 2]\n")[1].split("\n\n")[0]
-                text = "[[1]]" if "GOOD" in second else "[[-1]]" if "GOOD" in first else "[[0]]"
-            out.append([Completion(text) for _ in range(params.n)])
-        return out
+def good_judge(p: str) -> str:
+    """A scripted judge: grades a response [[5]] when it contains the ground truth, and prefers
+    whichever answer says GOOD."""
+    if "[Ground-truth answer]" in p:
+        truth = p.split("[Ground-truth answer]\n")[1].split("\n")[0]
+        response = p.split("[Response]\n")[1].split("\n\n")[0]
+        return "[[5]]" if truth in response else "[[1]]"
+    first = p.split("[Answer 1]\n")[1].split("[Answer 2]")[0]
+    second = p.split("[Answer 2]\n")[1].split("\n\n")[0]
+    return "[[1]]" if "GOOD" in second else "[[-1]]" if "GOOD" in first else "[[0]]"
 
 
 def test_genrm_judge_switches_positions_and_lets_rules_decide_first():
     from tasks.genrm.config import JudgeConfig
     from tasks.genrm.judge import GenRMJudge, GradeRequest, PairRequest
 
-    backend = ScriptedBackend()
+    backend = ScriptedBackend(good_judge)
     judge = GenRMJudge(backend, JudgeConfig(consistency={"blind_samples": 2}))
     rules = Constraints(required_words=["apple"])
     decisions = judge.compare([

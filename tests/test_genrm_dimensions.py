@@ -7,14 +7,15 @@
     scale, unread grades are counted and kept out of the length-bias monitor;
 (d) the judge benchmark measures accuracy per dimension.
 
-The judge here is a scripted backend (a test fake of a RolloutBackend that reads the prompt it
-is given and answers by rules): no model can judge in a unit test.
+The judge here is a scripted backend (``tests/scripted.py``, a test fake of a RolloutBackend that
+answers by rules): no model can judge in a unit test.
 """
 import json
 import re
 
 import polars as pl
 import pytest
+from scripted import ScriptedBackend
 
 from tasks.genrm.config import MINIMAX_DIMENSIONS, JudgeConfig
 from tasks.genrm.judge import GenRMJudge, PairRequest
@@ -31,22 +32,12 @@ _ANSWERS = re.compile(r"\[Answer 1\]\n(.*?)\n\n\[Answer 2\]\n(.*)\Z", re.DOTALL)
 MARKS = {"correctness": "right", "truthfulness": "true", "helpfulness": "helpful", "harmlessness": "kind"}
 
 
-class DimensionJudge:
-    """Test fake of a judge backend. Pairwise prompts: per dimension, the answer carrying the
-    dimension's mark wins; ``biased`` dimensions always say Answer 2 (a position bias), and
-    ``silent`` ones are left out of the reply. Grade prompts: [[5]] when the response contains
-    the ground truth, [[1]] when not, unreadable when it says 'garble'."""
-
-    name = "scripted-dimensions"
-
-    def __init__(self, biased=(), silent=()):
-        self.biased, self.silent = set(biased), set(silent)
-        self.prompts: list[str] = []
-
-    def format_chat(self, messages):
-        return messages[-1]["content"]
-
-    def reply(self, prompt: str) -> str:
+def dimension_judge(biased=(), silent=()) -> ScriptedBackend:
+    """A scripted judge. Pairwise prompts: per dimension, the answer carrying the dimension's mark
+    wins; ``biased`` dimensions always say Answer 2 (a position bias), and ``silent`` ones are left
+    out of the reply. Grade prompts: [[5]] when the response contains the ground truth, [[1]] when
+    not, unreadable when it says 'garble'."""
+    def reply(prompt: str) -> str:
         if "[Ground-truth answer]" in prompt:
             truth = prompt.split("[Ground-truth answer]\n")[1].split("\n")[0]
             response = prompt.split("[Response]\n")[1]
@@ -54,16 +45,13 @@ class DimensionJudge:
         first, second = _ANSWERS.search(prompt).groups()
         lines = ["Compared."]
         for name in NAMES:
-            if name in self.silent or f"- {name}:" not in prompt:
+            if name in silent or f"- {name}:" not in prompt:
                 continue
-            mark = MARKS[name]
-            verdict = 1 if name in self.biased else (mark in second) - (mark in first)
+            verdict = 1 if name in biased else (MARKS[name] in second) - (MARKS[name] in first)
             lines.append(f"{name}: [[{verdict}]]")
         return "\n".join(lines)
 
-    def generate(self, prompts, params):
-        self.prompts += prompts
-        return [[Completion(self.reply(p), token_ids=list(range(4))) for _ in range(params.n)] for p in prompts]
+    return ScriptedBackend(reply, "scripted-dimensions", tokens=4)
 
 
 def test_each_dimension_is_read_from_its_own_line():
@@ -90,7 +78,7 @@ def test_dimensions_are_settings_refused_when_malformed():
 
 
 def test_each_dimension_is_decided_on_its_own_then_mixed_by_weight():
-    backend = DimensionJudge(biased={"harmlessness"})
+    backend = dimension_judge(biased={"harmlessness"})
     judge = GenRMJudge(backend, JudgeConfig(dimensions="minimax", consistency={"blind_samples": 2}))
     [d] = judge.compare([PairRequest("q", "plain", "right and true but not useful")])
     # one prompt per order with every dimension named and its verdict line asked for
@@ -104,17 +92,17 @@ def test_each_dimension_is_decided_on_its_own_then_mixed_by_weight():
     assert sorted((s.order, s.parsed.value) for s in d.samples) == [("backward", -1)] * 2 + [("forward", 1)] * 2
 
     # the same pair with Answer 1 carrying the marks: the mirror verdicts
-    [m] = GenRMJudge(DimensionJudge(), JudgeConfig(dimensions="minimax")).compare(
+    [m] = GenRMJudge(dimension_judge(), JudgeConfig(dimensions="minimax")).compare(
         [PairRequest("q", "right, true, helpful and kind", "nothing")])
     assert m.dimensions == dict.fromkeys(NAMES, -1) and m.verdict == -1 and m.status == "consistent"
 
 
 def test_a_dimension_the_judge_leaves_out_drops_out_of_the_mix():
-    judge = GenRMJudge(DimensionJudge(silent={"correctness"}), JudgeConfig(dimensions="minimax"))
+    judge = GenRMJudge(dimension_judge(silent={"correctness"}), JudgeConfig(dimensions="minimax"))
     [d] = judge.compare([PairRequest("q", "kind", "true and helpful")])
     assert d.dimensions == {"correctness": None, "truthfulness": 1, "helpfulness": 1, "harmlessness": -1}
     assert d.score == pytest.approx((0.2 + 0.3 - 0.1) / 0.6) and d.verdict == 1
-    [none] = GenRMJudge(DimensionJudge(silent=set(NAMES)), JudgeConfig(dimensions="minimax")).compare(
+    [none] = GenRMJudge(dimension_judge(silent=set(NAMES)), JudgeConfig(dimensions="minimax")).compare(
         [PairRequest("q", "a", "b")])
     assert none.verdict is None and none.status == "unparseable" and none.score is None
 
@@ -125,7 +113,7 @@ ROW = {"prompt_id": "g1", "domain": "general", "prompt": "Explain tides.", "answ
 
 def test_rl_pays_the_weighted_dimension_rewards_and_logs_each_dimension():
     cfg = GenRMRewardConfig(judge={"dimensions": "minimax", "consistency": {"blind_samples": 1}})
-    reward = DomainReward(cfg, judge_backend=DimensionJudge)
+    reward = DomainReward(cfg, judge_backend=dimension_judge)
     groups = [[Completion("right and true", token_ids=[1, 2]), Completion("kind only", token_ids=[1]),
                Completion("right true helpful kind", token_ids=[1, 2, 3])]]
     counters = RewardCounters()
@@ -153,7 +141,7 @@ def test_a_science_answer_is_graded_against_its_ground_truth():
     """M1's STEM case: no rule checks a science answer, so the GenRM grades it against the row's
     answer on the five-grade scale; unread grades and a missing ground truth are paid as grade 3
     and counted, and graded samples stay out of the length-bias monitor."""
-    backend = DimensionJudge()
+    backend = dimension_judge()
     cfg = GenRMRewardConfig(judge={"consistency": {"blind_samples": 1}})
     reward = DomainReward(cfg, judge_backend=lambda: backend, run_id="r")
     groups = [[Completion("They take in CO2.", token_ids=[1, 2, 3]), Completion("Oxygen.", token_ids=[1]),
@@ -206,7 +194,7 @@ def test_the_judge_benchmark_measures_accuracy_per_dimension(wh, tmp_path):
     assert (bad["line"], bad["field"]) == (6, "dimension") and bad["reason"].startswith("bad_dimension")
 
     # harmlessness always says "Answer 2": right on q3, wrong on q4, whatever the position switch
-    judge = GenRMJudge(DimensionJudge(biased={"harmlessness"}), cfg.judge)
+    judge = GenRMJudge(dimension_judge(biased={"harmlessness"}), cfg.judge)
     m = judge_accuracy(judge, bench, run_id=None).metrics
     assert m["pairwise_accuracy.correctness"] == 1.0 and m["pairwise_items.correctness"] == 2
     assert m["pairwise_accuracy.harmlessness"] == 0.0 and m["pairwise_items.harmlessness"] == 2
