@@ -10,6 +10,9 @@ from tasks.curate import CurateConfig, run_curate
 from tasks.curate.parallel import DaskMapper, LocalMapper
 from tasks.curate.pipeline import CURATED_INPUTS
 from tasks.curate.report import log_curate, log_removed, removed_rows
+from tasks.genrm.models import resolve_rollout
+from tasks.rollout.base import RolloutBackend
+from tasks.rollout.factory import make_backend
 from warehouse import TableRef, Warehouse
 
 
@@ -20,15 +23,29 @@ def prefect_step(name: str, fn):
     return task(name=f"curate.{name}", cache_policy=NO_CACHE, persist_result=False)(fn)()
 
 
+def model_repair_backend(cfg: CurateConfig, home: str) -> RolloutBackend | None:
+    """The backend ``curate.model_repair`` asks (its ``rollout``, home aliases resolved), or None
+    when model repair is off."""
+    repair = cfg.model_repair
+    if not repair.enabled:
+        return None
+    return make_backend(resolve_rollout(repair.rollout, home))
+
+
 def curate_task(home: str, cfg: CurateConfig, run_id: str, task_runner: str, dask_settings: dict,
                 dask_processes: bool, sources: dict[str, TableRef] | None = None):
     """Runs every curate block as a task; heavy map steps go to Dask when the profile asks for it."""
     mapper = LocalMapper() if task_runner == "local" else DaskMapper(
         address=dask_settings.get("address"), n_workers=dask_settings.get("n_workers", 2),
         threads_per_worker=dask_settings.get("threads_per_worker", 1), processes=dask_processes)
+    backend = None
     try:
-        return run_curate(Warehouse(home), cfg, run_id=run_id, mapper=mapper, step=prefect_step, sources=sources)
+        backend = model_repair_backend(cfg, home)
+        return run_curate(Warehouse(home), cfg, run_id=run_id, mapper=mapper, step=prefect_step, sources=sources,
+                          repair_backend=backend)
     finally:
+        if backend is not None and callable(getattr(backend, "close", None)):
+            backend.close()
         mapper.close()
 
 
@@ -69,6 +86,10 @@ def curate_flow(profile: str = "tiny", home: str | None = None, dask_processes: 
         for ref in inputs.values():
             tracking.log_table(ref, context="input", run_id=ctx.run_id)
         core = ctx.profile.core
+        if cfg.model_repair.enabled:
+            log.info("curate: model repair on (%s via %s): unparseable math answers extracted, tests written for "
+                     "code rows without them, each checked before use", cfg.model_repair.rollout.model,
+                     cfg.model_repair.rollout.backend)
         result = curate_task(str(ctx.wh.home), cfg, ctx.run_id, core.task_runner, core.dask.model_dump(),
                              dask_processes, inputs)
         log_curate(result, {"minhash_candidate_jaccard": cfg.minhash.threshold,

@@ -37,6 +37,7 @@ from tasks.curate.decontaminate import (
 )
 from tasks.curate.filters import FilterOutcome, Row, apply_filters
 from tasks.curate.minhash import near_duplicate_edges
+from tasks.curate.model_repair import ModelRepair, RepairResult
 from tasks.curate.parallel import chunked
 from tasks.curate.semantic import neighbours_above
 from tasks.curate.split import assign_pools, cross_pool_edges
@@ -65,11 +66,12 @@ class FilterResult(BlockResult):
 
 
 class FilterBlock:
-    """The M1 quality rules on this run's incoming rows: remove with a reason, or rewrite."""
+    """The M1 quality rules on this run's incoming rows: remove with a reason, or rewrite; with
+    ``repair``, a model first repairs what two rules would remove (``tasks.curate.model_repair``)."""
     name, stage = "filter", "curate.filter"
 
-    def __init__(self, cfg: FilterConfig, mapper, chunk_rows: int):
-        self.cfg, self.mapper, self.chunk_rows = cfg, mapper, chunk_rows
+    def __init__(self, cfg: FilterConfig, mapper, chunk_rows: int, repair: ModelRepair | None = None):
+        self.cfg, self.mapper, self.chunk_rows, self.repair = cfg, mapper, chunk_rows, repair
 
     def run(self, rows: CurationView) -> FilterResult:
         incoming = rows.incoming
@@ -77,23 +79,28 @@ class FilterBlock:
         records = incoming.select("id", "domain", "prompt", "answer", "tests").to_dicts()
         outcomes = [o for part in self.mapper.map(filter_chunk, chunked(records, self.chunk_rows), cfg=self.cfg)
                     for o in part]
+        repaired = self.repair.run(outcomes, incoming, self.cfg) if self.repair is not None else RepairResult(outcomes)
         decisions, kept = [], []
-        for o in outcomes:
+        for o in repaired.outcomes:
             if o.removed_reason:
                 decisions.append(Decision(o.id, self.stage, o.removed_reason))
                 count.removed[o.removed_reason] += 1
                 continue
             if o.rewritten_reason:
-                decisions.append(Decision(o.id, self.stage, o.rewritten_reason, rewritten=True))
+                decisions.append(Decision(o.id, self.stage, o.rewritten_reason, score=repaired.scores.get(o.id),
+                                          rewritten=True))
                 count.rewritten += 1
-            kept.append({"id": o.id, "_prompt": o.prompt, "_answer": o.answer, "rewritten": o.rewritten_reason})
+            kept.append({"id": o.id, "_prompt": o.prompt, "_answer": o.answer, "_tests": o.tests,
+                         "_metadata": repaired.metadata.get(o.id), "rewritten": o.rewritten_reason})
         count.kept = len(kept)
-        changed = pl.DataFrame(kept, schema={"id": pl.Utf8, "_prompt": pl.Utf8, "_answer": pl.Utf8,
-                                             "rewritten": pl.Utf8})
+        changed = pl.DataFrame(kept, schema={"id": pl.Utf8, "_prompt": pl.Utf8, "_answer": pl.Utf8, "_tests": pl.Utf8,
+                                             "_metadata": pl.Utf8, "rewritten": pl.Utf8})
         survivors = (incoming.join(changed, on="id", how="inner", maintain_order="left")   # ingestion order
-                     .with_columns(pl.col("_prompt").alias("prompt"), pl.col("_answer").alias("answer"))
-                     .drop("_prompt", "_answer"))
-        return FilterResult([count], decisions, kept=survivors)
+                     .with_columns(pl.col("_prompt").alias("prompt"), pl.col("_answer").alias("answer"),
+                                   pl.col("_tests").alias("tests"),
+                                   pl.coalesce("_metadata", "metadata").alias("metadata"))
+                     .drop("_prompt", "_answer", "_tests", "_metadata"))
+        return FilterResult([count], decisions, kept=survivors, counters=dict(repaired.counters))
 
 
 # -- exact --------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tasks.rollout.config import RolloutConfig
+
 
 class FilterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -84,6 +86,57 @@ class SplitConfig(BaseModel):
     seed: int = 0
 
 
+class AnswerRepairConfig(BaseModel):
+    """A model extracts the final answer of a math row whose answer the rules cannot parse."""
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    samples: int = Field(1, ge=1)              # completions per row; the first that passes both checks wins
+    temperature: float = Field(0.0, ge=0)      # greedy: extraction copies an answer, it does not solve
+    max_tokens: int = Field(256, ge=1)
+    max_source_chars: int = Field(6000, ge=100)   # the tail of a longer solution (where answers are)
+
+
+class CodeTestsRepairConfig(BaseModel):
+    """A model writes unit tests for a code row that has a reference solution but no tests;
+    they are kept only if the reference passes them and a mutant of it fails them."""
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    samples: int = Field(2, ge=1)              # test suites asked per row; the first accepted is kept
+    temperature: float = Field(0.7, ge=0)
+    max_tokens: int = Field(1024, ge=1)
+    min_assertions: int = Field(3, ge=1)       # asserts a suite must hold
+    max_mutants: int = Field(8, ge=1)          # mutants of the reference run against a suite
+    min_killed: int = Field(1, ge=1)           # of them, how many the suite must fail
+    timeout_s: float = Field(10.0, gt=0)       # per sandbox run (a mutant may loop forever)
+    memory_mb: int = Field(512, ge=64)
+
+    @model_validator(mode="after")
+    def _killable(self) -> CodeTestsRepairConfig:
+        if self.min_killed > self.max_mutants:
+            raise ValueError(f"min_killed={self.min_killed} exceeds max_mutants={self.max_mutants}")
+        return self
+
+
+class ModelRepairConfig(BaseModel):
+    """Model-based data work (MiniMax-M1): a rollout backend repairs rows the rules would remove."""
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = False
+    # the backend and model asked (its sampling fields other than top_p and seed are set per job
+    # below); a home alias ("tiny-llama", a stage name) resolves against the home
+    rollout: RolloutConfig | None = None
+    batch_rows: int = Field(64, ge=1)          # rows per generate call
+    answers: AnswerRepairConfig = Field(default_factory=AnswerRepairConfig)
+    tests: CodeTestsRepairConfig = Field(default_factory=CodeTestsRepairConfig)
+
+    @model_validator(mode="after")
+    def _has_backend(self) -> ModelRepairConfig:
+        if self.enabled and self.rollout is None:
+            raise ValueError("curate.model_repair.enabled needs curate.model_repair.rollout: the backend "
+                             "and model that extract answers and write tests (e.g. {backend: openai, "
+                             "model: ...}); or set enabled: false")
+        return self
+
+
 class CurateConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     filters: FilterConfig = Field(default_factory=FilterConfig)
@@ -94,3 +147,4 @@ class CurateConfig(BaseModel):
     # lower number = preferred when choosing which duplicate to keep
     source_priority: dict[str, int] = Field(default_factory=dict)
     chunk_rows: int = Field(2048, ge=1)   # rows per map task (in process or on Dask)
+    model_repair: ModelRepairConfig = Field(default_factory=ModelRepairConfig)

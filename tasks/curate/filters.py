@@ -285,24 +285,29 @@ class FilterOutcome:
     rewritten_reason: str | None    # set when a rule rewrote the row
     prompt: str
     answer: str | None
+    tests: str | None = None
+    rewrites: list[str] = field(default_factory=list)
+
+
+def run_rules(row: Row, cfg: FilterConfig, rewritten: str | None = None) -> FilterOutcome:
+    """Every configured rule on one row; ``rewritten``: the reason of an earlier rewrite of it
+    (model repair runs the rules again on the row it fixed, ``tasks.curate.model_repair``)."""
+    removed = None
+    for rule in check_rules(cfg):
+        try:
+            verdict = rule(row, cfg)
+        except Exception as e:  # noqa: BLE001 - a rule crashing on one row removes that row
+            verdict = Verdict(True, f"{rule.__name__}:rule_error:{type(e).__name__}")
+        if verdict is None:
+            continue
+        if verdict.removed:
+            removed = verdict.reason
+            break
+        rewritten = verdict.reason
+    return FilterOutcome(row.id, removed, rewritten, row.prompt, row.answer, row.tests, list(row.rewrites))
 
 
 def apply_filters(rows: list[Row], cfg: FilterConfig) -> list[FilterOutcome]:
     """Run every configured rule on every row; one bad row never stops the batch."""
-    rules = check_rules(cfg)
-    out = []
-    for row in rows:
-        removed, rewritten = None, None
-        for rule in rules:
-            try:
-                verdict = rule(row, cfg)
-            except Exception as e:  # noqa: BLE001 - a rule crashing on one row removes that row
-                verdict = Verdict(True, f"{rule.__name__}:rule_error:{type(e).__name__}")
-            if verdict is None:
-                continue
-            if verdict.removed:
-                removed = verdict.reason
-                break
-            rewritten = verdict.reason
-        out.append(FilterOutcome(row.id, removed, rewritten, row.prompt, row.answer))
-    return out
+    check_rules(cfg)
+    return [run_rules(row, cfg) for row in rows]

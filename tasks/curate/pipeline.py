@@ -44,8 +44,10 @@ from tasks.curate.blocks import (
     SplitResult,
 )
 from tasks.curate.config import CurateConfig
+from tasks.curate.model_repair import ModelRepair
 from tasks.curate.parallel import LocalMapper
 from tasks.curate.stores import EmbeddingStore, SignatureStore
+from tasks.rollout.base import RolloutBackend
 from warehouse import TableRef, Warehouse
 
 T = TypeVar("T")
@@ -65,12 +67,14 @@ SETTINGS_NOTE = "settings "
 
 
 def settings_key(cfg: CurateConfig) -> str:
-    """What decides the pools (filters, dedup, decontamination, split, source priority); not
-    ``chunk_rows``, which only sizes the work."""
+    """What decides the pools (filters, dedup, decontamination, split, source priority, model repair
+    when enabled); not ``chunk_rows``, which only sizes the work. Model repair switched off leaves
+    the key it had before the setting existed, so pools made then are not curated again."""
     import hashlib
     import json
 
-    return hashlib.sha256(json.dumps(cfg.model_dump(exclude={"chunk_rows"}), sort_keys=True,
+    exclude = {"chunk_rows"} | (set() if cfg.model_repair.enabled else {"model_repair"})
+    return hashlib.sha256(json.dumps(cfg.model_dump(exclude=exclude), sort_keys=True,
                                      default=str).encode()).hexdigest()[:16]
 
 
@@ -185,11 +189,18 @@ class CurationState:
 
 # -- the run --------------------------------------------------------------------------------
 def curate_blocks(wh: Warehouse, cfg: CurateConfig, mapper, benchmarks: pl.DataFrame,
-                  checked: pl.DataFrame) -> tuple[list[Block], list]:
-    """(the blocks in run order, the stores to flush at the end)."""
+                  checked: pl.DataFrame, repair_backend: RolloutBackend | None = None) -> tuple[list[Block], list]:
+    """(the blocks in run order, the stores to flush at the end); ``repair_backend``: the model
+    ``curate.model_repair`` asks, needed when it is enabled."""
     signatures = SignatureStore(wh, cfg.minhash, mapper, cfg.chunk_rows)
     embeddings = EmbeddingStore(wh, cfg.semantic, mapper, cfg.chunk_rows)
-    blocks: list[Block] = [FilterBlock(cfg.filters, mapper, cfg.chunk_rows), ExactBlock(),
+    repair = None
+    if cfg.model_repair.enabled:
+        if repair_backend is None:
+            raise ValueError("curate.model_repair is enabled but no backend was given: pass repair_backend (the "
+                             "curate flow builds it from curate.model_repair.rollout), or disable model_repair")
+        repair = ModelRepair(cfg.model_repair, repair_backend, mapper, cfg.chunk_rows)
+    blocks: list[Block] = [FilterBlock(cfg.filters, mapper, cfg.chunk_rows, repair), ExactBlock(),
                            MinHashBlock(cfg.minhash, signatures)]
     if cfg.semantic.enabled:
         blocks.append(SemanticBlock(cfg.semantic, embeddings))
@@ -204,11 +215,15 @@ def _run_directly(name: str, fn: Callable[[], T]) -> T:
 
 def run_curate(wh: Warehouse, cfg: CurateConfig | None = None, *, run_id: str | None = None,
                mapper=None, step: Callable[[str, Callable[[], T]], T] | None = None,
-               sources: dict[str, TableRef] | None = None) -> CurateResult:
+               sources: dict[str, TableRef] | None = None,
+               repair_backend: RolloutBackend | None = None) -> CurateResult:
     """Curate the prompts no earlier run has seen; write pools, decisions and reusable state.
 
     ``sources``: the ``prompts`` and ``benchmarks`` snapshots to curate against (the pipeline
     hands over what ingest wrote); one not given is read at its newest.
+
+    ``repair_backend``: the rollout backend ``curate.model_repair`` asks to extract answers and
+    write tests (``tasks.curate.model_repair``); required when that is enabled.
 
     ``step(name, fn)`` runs each block (``filter``, ``exact``, ``minhash``, ``semantic``,
     ``keep``, ``decontaminate``, ``split``); the curate flow passes one that makes each a
@@ -227,7 +242,7 @@ def run_curate(wh: Warehouse, cfg: CurateConfig | None = None, *, run_id: str | 
     new = prompts if from_scratch else prompts.filter(~pl.col("id").is_in(_processed_ids(wh, old).implode()))
     new = new.unique("id", keep="first", maintain_order=True)
     checked = wh.read("decontam_benchmarks", default_empty=True).select("benchmark", "item_id", "text_hash")
-    blocks, stores = curate_blocks(wh, cfg, mapper, _read_input(wh, inputs, "benchmarks"), checked)
+    blocks, stores = curate_blocks(wh, cfg, mapper, _read_input(wh, inputs, "benchmarks"), checked, repair_backend)
     state = CurationState(run_id, new, old, cfg)
 
     def run_block(block: Block) -> Callable[[], BlockResult]:
