@@ -297,10 +297,17 @@ def gold_judge_rejections(wh: Warehouse, cfg: TrainConfig, golds: list[tuple[int
         from tasks.rollout.factory import make_backend
 
         backend = make_backend(resolve_rollout(judge_cfg.judge.rollout, str(wh.home)))
+        owned = backend
+    else:
+        owned = None
     judge = GenRMJudge(backend, judge_cfg.judge, seed=cfg.seed)
     requests = [GradeRequest(target["prompt"], str(row.get("answer") or ""), str(row.get("solution")))
                 for _i, row, target in todo]
-    decisions = judge.check_reasoning(requests)
+    try:
+        decisions = judge.check_reasoning(requests)
+    finally:   # a backend this check opened (a loaded model, a server client) is not kept past it
+        if owned is not None and callable(getattr(owned, "close", None)):
+            owned.close()
     # the grade a reward stands for: grade_rewards maps 1..5 to [0, 1], increasing
     bar = judge_cfg.judge.grade_rewards[judge_cfg.min_grade]
     out: dict[int, str] = {}
