@@ -1,6 +1,7 @@
 """The ``evaluate`` flow: held-out pass@k of a model on the benchmarks and fresh synthetic tasks."""
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import replace
 
@@ -131,13 +132,24 @@ def evaluate_flow(profile: str = "tiny", home: str | None = None, model: str | N
             scored = [it for it in items if cfg.scores_at(it, choice.stage)]
             log.info("evaluating %s (%s) on %d items%s, n=%d, temperature=%s, top_p=%s", choice.model_id,
                      choice.stage or choice.source, len(scored),
-                     f" (public benchmarks only at {cfg.benchmark_stages})" if len(scored) < len(items) else "",
+                     f" of {len(items)} (the rest at other stages: benchmark_stages, untrained_stages)"
+                     if len(scored) < len(items) else "",
                      cfg.n, cfg.temperature, cfg.top_p)
+            started = time.perf_counter()
             results = evaluate_items_task(scored, backend, cfg) if scored else []
+            timing = {"items": time.perf_counter() - started}
             if cfg.agent is not None and cfg.agent.environments and cfg.agent.plays_at(choice.stage):
                 log.info("evaluating %s on %d held-out seeds of %s (n=%d)", choice.model_id, cfg.agent.seeds,
                          ", ".join(e.name for e in cfg.agent.environments), cfg.agent.n)
+                episodes_started = time.perf_counter()
                 results += evaluate_environments(backend, cfg)
+                timing["episodes"] = time.perf_counter() - episodes_started
+            timing["total"] = time.perf_counter() - started
+            log.info("evaluated %s in %.0f s (%s)", choice.stage or choice.model_id, timing["total"],
+                     ", ".join(f"{part} {sec:.0f} s" for part, sec in timing.items() if part != "total"))
+            label = choice.stage or "model"
+            metrics.update({f"seconds.{label}" + ("" if part == "total" else f".{part}"): round(sec, 1)
+                            for part, sec in timing.items()})
             summary = summarize(results, cfg, choice, backend.name, ctx.run_id)
             summaries.append(summary)
             per_item.append(item_rows(results, choice, ctx.run_id))

@@ -73,9 +73,14 @@ class EvaluateConfig(VerifySettings):
 
     benchmarks: list[str] = Field(default_factory=lambda: ["aime2024", "aime2025", "math500", "humaneval"])
     benchmark_stages: list[str] | None = Field(
-        None, description="the ladder stages the public benchmarks are scored at (None: every stage); held-out "
-                          "synthetic families are scored at every stage. For a small model that scores 0 on "
-                          "them throughout, [base, rl] keeps the first-vs-last check at half the cost")
+        None, description="the ladder stages the public benchmarks are scored at (None: every stage); the trained "
+                          "held-out synthetic families are scored at every stage (the never-trained ones at "
+                          "untrained_stages). For a small model that scores 0 on them throughout, [base, rl] keeps "
+                          "the first-vs-last check at half the cost")
+    untrained_stages: list[str] | None = Field(
+        None, description="the ladder stages the never-trained families (synthetic.untrained) are scored at "
+                          "(None: every stage); [base, rl, ...] keeps the first-vs-last check the verdict makes "
+                          "at a fraction of the cost")
     max_items: int | None = Field(None, ge=1, description="items per benchmark; None = all")
     max_items_per_benchmark: dict[str, int] = Field(default_factory=dict)
     n: int = Field(32, ge=1, description="samples per item (M1 averages pass@1 over 32 samples)")
@@ -104,6 +109,7 @@ class EvaluateConfig(VerifySettings):
     @model_validator(mode="after")
     def _benchmark_stages_are_ladder_stages(self) -> EvaluateConfig:
         for what, named in (("benchmark_stages", self.benchmark_stages),
+                            ("untrained_stages", self.untrained_stages),
                             ("agent.stages", self.agent.stages if self.agent else None)):
             unknown = [st for st in named or [] if st not in self.stages]
             if unknown:
@@ -112,9 +118,10 @@ class EvaluateConfig(VerifySettings):
 
     def scores_at(self, item: EvalItem, stage: str | None) -> bool:
         """Whether ``item`` is scored for the model of ``stage`` (a model named by hand: every item)."""
-        if self.benchmark_stages is None or stage is None or heldout_group(item.benchmark) is not None:
-            return True
-        return stage in self.benchmark_stages
+        group = heldout_group(item.benchmark)
+        named = self.untrained_stages if group == UNTRAINED_BENCHMARK else (
+            self.benchmark_stages if group is None else None)
+        return named is None or stage is None or stage in named
 
     def items_limit(self, benchmark: str) -> int | None:
         return self.max_items_per_benchmark.get(benchmark, self.max_items)
