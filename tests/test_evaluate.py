@@ -102,6 +102,8 @@ def test_flow_records_items_and_mlflow_metrics(flow_result, eval_home):
         assert f"eval.{bench}.pass_at_1" in run.data.metrics
         assert run.data.metrics[f"eval.{bench}.items"] >= 1
     assert run.data.tags["posttrain.model_source"] == "argument"
+    # where the time went: the model's items (a named model is labelled "model"), measured
+    assert 0 < run.data.metrics["eval.seconds.model.items"] <= run.data.metrics["eval.seconds.model"]
     assert "plots/eval_pass_at_k.png" in [a.path for a in client.list_artifacts(run.info.run_id, "plots")]
     inputs = {d.dataset.name.split("@")[0] for d in run.inputs.dataset_inputs}
     assert {"benchmarks", "eval_results", "eval_items"} <= inputs
@@ -250,6 +252,53 @@ def test_benchmark_stages_scores_public_benchmarks_only_there_and_held_out_famil
     assert all(EvaluateConfig(n=2).scores_at(public, st) for st in ("base", "sft_long"))   # default: everywhere
     with pytest.raises(ValueError, match=r"benchmark_stages \['dpo_long'\] are not among"):
         EvaluateConfig(stages=["base", "rl"], benchmark_stages=["dpo_long"], n=2)
+
+
+def test_untrained_stages_score_the_never_trained_families_only_there_and_the_verdict_checks_first_vs_last():
+    from tasks.evaluate import (
+        SYNTHETIC_BENCHMARK,
+        UNTRAINED_BENCHMARK,
+        EvalItem,
+        EvaluateConfig,
+        ItemResult,
+        ladder_intervals,
+        ladder_verdict,
+        untrained_falls,
+    )
+
+    stages = ["base", "sft_long", "rl", "agent"]
+    cfg = EvaluateConfig(stages=stages, untrained_stages=["base", "rl", "agent"], benchmark_stages=["base", "agent"],
+                         n=2)
+    public = EvalItem("math500", "m1", "math", {})
+    trained = [EvalItem(f"{SYNTHETIC_BENCHMARK}/rg:chain_sum", f"s{i}", "logic", {}) for i in range(20)]
+    never = [EvalItem(f"{UNTRAINED_BENCHMARK}/rg:gcd", f"u{i}", "logic", {}) for i in range(20)]
+    assert [cfg.scores_at(never[0], st) for st in stages] == [True, False, True, True]
+    assert [cfg.scores_at(trained[0], st) for st in stages] == [True] * 4
+    assert [cfg.scores_at(public, st) for st in stages] == [True, False, False, True]   # its own setting
+    assert cfg.scores_at(never[0], None)   # a model named by hand: every item
+    with pytest.raises(ValueError, match=r"untrained_stages \['dpo_long'\] are not among"):
+        EvaluateConfig(stages=["base", "rl"], untrained_stages=["dpo_long"], n=2)
+
+    # trained items rise at every stage; the never-trained ones (scored at base, rl, agent only) fall
+    # from 2/2 at base to 0/2 at agent on every item: the first-vs-last check sees it
+    def results(stage: str) -> list[ItemResult]:
+        rise = stages.index(stage)
+        out = [ItemResult(it, 2, min(2, rise), 10.0, 0, None) for it in trained]
+        if cfg.scores_at(never[0], stage):
+            out += [ItemResult(it, 2, {"base": 2, "rl": 1, "agent": 0}[stage], 10.0, 0, None) for it in never]
+        return out
+
+    by_stage = {st: results(st) for st in stages}
+    intervals = ladder_intervals(by_stage)
+    untrained_pairs = {(iv.a, iv.b) for iv in intervals if iv.benchmark == UNTRAINED_BENCHMARK}
+    assert ("base", "agent") in untrained_pairs and ("rl", "agent") in untrained_pairs
+    assert not {p for p in untrained_pairs if "sft_long" in p}   # never scored there: no interval
+    ladder = {f"{SYNTHETIC_BENCHMARK}/rg:chain_sum": {"base": 0.0, "sft_long": 0.5, "rl": 1.0, "agent": 1.0},
+              f"{UNTRAINED_BENCHMARK}/rg:gcd": {"base": 1.0, "rl": 0.5, "agent": 0.0}}
+    falls = untrained_falls(ladder, intervals)
+    assert {(iv.benchmark, iv.a, iv.b) for iv in falls} == {(f"{UNTRAINED_BENCHMARK}/rg:gcd", "base", "agent"),
+                                                             (UNTRAINED_BENCHMARK, "base", "agent")}
+    assert "never-trained families FELL: rg:gcd -1.00" in ladder_verdict(ladder, intervals=intervals)
 
 
 def test_agent_stages_name_the_ladder_stages_that_play_the_held_out_episodes():
